@@ -1,0 +1,1 @@
+//! Static memory planner (placeholder; being written).

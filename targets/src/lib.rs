@@ -1,0 +1,1 @@
+//! Device profiles (issue "memory promise").

@@ -1,0 +1,3 @@
+//! Tokenizers built from GGUF vocabulary metadata (on the HF `tokenizers` crate), and chat templates.
+
+pub mod chat;
