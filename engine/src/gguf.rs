@@ -1,1 +1,0 @@
-//! GGUF reader (being written).
