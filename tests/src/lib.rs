@@ -1,1 +1,45 @@
-//! End-to-end tests live in `tests/tests/`; this library is empty.
+//! Helpers shared by the end-to-end tests in `tests/tests/`: where the reference data and the
+//! real model are, and JSON-lines reading.
+
+use std::path::PathBuf;
+
+/// `../shared` beside the repository (override with `EDGE_RUN_SHARED`).
+pub fn shared_dir() -> PathBuf {
+    match std::env::var_os("EDGE_RUN_SHARED") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+    }
+}
+
+/// The SmolLM2-135M-Instruct Q4_1 model (override with `EDGE_RUN_MODEL`). Panics with the fix
+/// if it is missing: tests need the real model.
+pub fn smollm2_path() -> PathBuf {
+    let p = match std::env::var_os("EDGE_RUN_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model.sh first (the README's test command does)",
+        p.display()
+    );
+    p
+}
+
+/// Reads a JSON-lines file into values.
+pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect()
+}
+
+/// A JSON array of integers as token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}

@@ -1,1 +1,512 @@
-//! CPU kernels (being written).
+//! CPU kernels: per-type block layouts, row (de)quantization, dot products and the matrix-vector
+//! product the graph executor runs, plus the f32 helpers (RMS norm, SiLU, softmax, f16 rows).
+//!
+//! Every type lives in its own file (`q4_1.rs`: block layout, scalar reference, tests); SIMD
+//! variants live in `avx2.rs` and are tested against the scalar references. Which variant runs is
+//! decided once, by [`Kernels::detect`], never per call.
+//!
+//! # Bit-exactness with ggml
+//!
+//! Block layouts are ggml's, byte for byte. Activation quantization ([`quantize_row`] into Q8_0 /
+//! Q8_1) reproduces ggml's *reference* quantizers (`quantize_row_q8_0_ref`,
+//! `quantize_row_q8_1_ref`): `d = amax / 127`, `q = roundf(x * (1/d))` (half away from zero) using
+//! the f32 `d`, then `d` stored as f16 (round to nearest even); for Q8_1, `s = f16(sum(q) * d)`
+//! with the f32 `d`. Dot products accumulate each block in integers, as ggml does, and scale the
+//! integer sum by the product of the f16 scales.
+//!
+//! # Memory safety
+//!
+//! Quantized data arrives as `&[u8]` straight from a memory map, with no alignment guarantee.
+//! The block structs ([`BlockQ4_0`], ...) are `#[repr(C)]` and made only of byte arrays, so their
+//! alignment is 1 and every bit pattern is valid; `blocks` reinterprets a byte slice as blocks
+//! with that invariant checked at compile time. f16 fields are decoded with `from_le_bytes`.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod bf16;
+mod f16;
+mod f32;
+mod ops;
+mod q4_0;
+mod q4_1;
+mod q8_0;
+mod q8_1;
+#[cfg(test)]
+mod testutil;
+
+use std::ops::Range;
+
+use crate::tensor::GgmlType;
+
+pub use bf16::{bf16_bits_to_f32, f32_to_bf16_bits};
+pub use ops::{
+    axpy_f16, dot_f16_f32, f16_to_f32_row, f32_to_f16_row, rms_norm, silu, silu_inplace,
+    softmax_inplace, swiglu,
+};
+pub use q4_0::BlockQ4_0;
+pub use q4_1::BlockQ4_1;
+pub use q8_0::BlockQ8_0;
+pub use q8_1::BlockQ8_1;
+
+/// Elements per block of every quantized type implemented here (ggml's `QK4_0`, `QK8_1`, ...).
+pub const QK: usize = 32;
+
+/// What a kernel entry point rejects. The library never panics on these; callers get the reason.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// The type has no kernel for this operation (e.g. quantizing into a type that only weights use).
+    #[error("{op}: type {ty} is not supported")]
+    Unsupported {
+        /// The operation asked for.
+        op: &'static str,
+        /// The type it was asked for.
+        ty: GgmlType,
+    },
+    /// The element count is not a whole number of blocks of the type.
+    #[error("{op}: {n} elements is not a multiple of the {ty} block size {block}")]
+    NotBlockMultiple {
+        /// The operation asked for.
+        op: &'static str,
+        /// The type.
+        ty: GgmlType,
+        /// The element count.
+        n: usize,
+        /// The type's block size.
+        block: usize,
+    },
+    /// A byte buffer is shorter than `n` elements of the type need.
+    #[error("{op}: {n} elements of {ty} need {need} bytes, the buffer has {have}")]
+    BufferTooSmall {
+        /// The operation asked for.
+        op: &'static str,
+        /// The type.
+        ty: GgmlType,
+        /// The element count.
+        n: usize,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes available.
+        have: usize,
+    },
+}
+
+/// The type ggml converts activations into before a dot product with a weight row of type `w`
+/// (`type_traits_cpu[w].vec_dot_type`): Q4_0 and Q8_0 pair with Q8_0, Q4_1 with Q8_1, and the float
+/// types with themselves. Unsupported types map to themselves.
+pub fn vec_dot_type(w: GgmlType) -> GgmlType {
+    match w {
+        GgmlType::Q4_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
+        t => t,
+    }
+}
+
+/// Bytes of `n` elements of `ty`, or the error naming why there is no such row.
+#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace says 1.85
+fn row_bytes_checked(op: &'static str, ty: GgmlType, n: usize) -> Result<usize, KernelError> {
+    if !ty.is_supported() {
+        return Err(KernelError::Unsupported { op, ty });
+    }
+    let block = ty.block_size();
+    if n % block != 0 {
+        return Err(KernelError::NotBlockMultiple { op, ty, n, block });
+    }
+    Ok(n / block * ty.block_bytes())
+}
+
+fn check_len(op: &'static str, ty: GgmlType, n: usize, have: usize) -> Result<usize, KernelError> {
+    let need = row_bytes_checked(op, ty, n)?;
+    if have < need {
+        return Err(KernelError::BufferTooSmall {
+            op,
+            ty,
+            n,
+            need,
+            have,
+        });
+    }
+    Ok(need)
+}
+
+/// Decodes `dst.len()` elements of type `ty` from the front of `src` (raw ggml bytes, any
+/// alignment) into `dst`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    let need = check_len("dequantize_row", ty, dst.len(), src.len())?;
+    let src = &src[..need];
+    match ty {
+        GgmlType::F32 => f32::dequantize_row(src, dst),
+        GgmlType::F16 => f16::dequantize_row(src, dst),
+        GgmlType::BF16 => bf16::dequantize_row(src, dst),
+        GgmlType::Q4_0 => q4_0::dequantize_row(blocks(src), dst),
+        GgmlType::Q4_1 => q4_1::dequantize_row(blocks(src), dst),
+        GgmlType::Q8_0 => q8_0::dequantize_row(blocks(src), dst),
+        GgmlType::Q8_1 => q8_1::dequantize_row(blocks(src), dst),
+        GgmlType::Unsupported(_) => unreachable!("rejected by check_len"),
+    }
+    Ok(())
+}
+
+/// Encodes `src` as type `ty` into the front of `dst`, exactly as ggml's reference code does.
+///
+/// The activation types (Q8_0, Q8_1, F16, BF16, F32) are what the executor uses; Q4_0 and Q4_1
+/// (ggml's `quantize_row_q4_*_ref`) are provided for tools and tests.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    let need = check_len("quantize_row", ty, src.len(), dst.len())?;
+    let dst = &mut dst[..need];
+    match ty {
+        GgmlType::F32 => f32::quantize_row(src, dst),
+        GgmlType::F16 => f16::quantize_row(src, dst),
+        GgmlType::BF16 => bf16::quantize_row(src, dst),
+        GgmlType::Q4_0 => q4_0::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q4_1 => q4_1::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q8_0 => q8_0::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q8_1 => q8_1::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Unsupported(_) => unreachable!("rejected by check_len"),
+    }
+    Ok(())
+}
+
+/// Scalar reference dot product of a weight row (`n` elements of `w_ty`) with an activation row
+/// already in [`vec_dot_type`]`(w_ty)`.
+///
+/// Lengths are the caller's guarantee (checked by `debug_assert!` only): `w_row` and `x_row` hold
+/// at least `n` elements of their types, and `n` is a multiple of the block size.
+///
+/// # Panics
+/// If `w_ty` is unsupported (model loading must reject such weights first).
+pub fn vec_dot(w_ty: GgmlType, n: usize, w_row: &[u8], x_row: &[u8]) -> f32 {
+    Kernels::scalar().vec_dot(w_ty, n, w_row, x_row)
+}
+
+/// Reinterprets the front of a byte slice as blocks (a trailing partial block is ignored).
+fn blocks<B: Block>(bytes: &[u8]) -> &[B] {
+    let n = bytes.len() / std::mem::size_of::<B>();
+    // SAFETY: `Block` types have alignment 1 (so any address is aligned), no padding, and every
+    // bit pattern is a valid value; `n * size_of::<B>() <= bytes.len()` and the result borrows
+    // `bytes`, so it stays in bounds and alive.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), n) }
+}
+
+/// Mutable counterpart of [`blocks`].
+fn blocks_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
+    let n = bytes.len() / std::mem::size_of::<B>();
+    // SAFETY: as in `blocks`; the result borrows `bytes` mutably, so it is the only access.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<B>(), n) }
+}
+
+/// Marker for block structs that may be reinterpreted from raw bytes.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, contain only `u8`/`i8` arrays (alignment 1, no padding, every bit
+/// pattern valid). Each implementation asserts size and alignment at compile time.
+unsafe trait Block: Sized {}
+
+/// Decodes a little-endian f16 field (exact, like every f16 -> f32 conversion).
+#[inline(always)]
+fn f16_le(b: [u8; 2]) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes(b))
+}
+
+/// f16 bits -> f32, branch-free and inlinable (the hot loops call it per block; `half`'s
+/// conversion checks CPU features on every call). Shifting exponent and mantissa into f32
+/// position and multiplying by 2^112 rebiases normals and subnormals exactly; inf and NaN are
+/// patched afterwards.
+#[inline(always)]
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    let v = if em >= 0x7c00 {
+        (em << 13) | 0x7f80_0000
+    } else {
+        (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits()
+    };
+    f32::from_bits(v | sign)
+}
+
+/// Encodes an f32 as a little-endian f16 field (round to nearest even, as ggml's FP32_TO_FP16).
+#[inline(always)]
+fn f16_le_bytes(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_bits().to_le_bytes()
+}
+
+/// How activations are rounded into Q8_0 / Q8_1. ggml has three variants; they agree except on
+/// rare elements (exact .5 ties after scaling, and where `127/amax` and `1/(amax/127)` differ in
+/// the last bit), which is about one element in 2^16 — roughly once per token for a 135M model.
+/// To reproduce a llama.cpp run token for token, use the flavour of the machine it ran on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Q8Rounding {
+    /// `quantize_row_q8_*_ref` (generic builds): `id = 1/d`, `roundf` (half away from zero).
+    #[default]
+    GgmlRef,
+    /// ggml-cpu's ARM NEON `quantize_row_q8_*`: `id = 1/d`, round half to even (`vcvtnq`).
+    GgmlArm,
+    /// ggml-cpu's x86 AVX/AVX2 `quantize_row_q8_*`: `id = 127/amax`, round half to even.
+    GgmlX86,
+}
+
+impl Q8Rounding {
+    /// The flavour llama.cpp uses on this architecture: x86 on x86-64, ARM on aarch64, the
+    /// reference elsewhere.
+    pub fn host() -> Q8Rounding {
+        if cfg!(target_arch = "x86_64") {
+            Q8Rounding::GgmlX86
+        } else if cfg!(target_arch = "aarch64") {
+            Q8Rounding::GgmlArm
+        } else {
+            Q8Rounding::GgmlRef
+        }
+    }
+
+    /// Parses `ref`, `arm` or `x86`.
+    pub fn from_name(s: &str) -> Option<Q8Rounding> {
+        match s {
+            "ref" => Some(Q8Rounding::GgmlRef),
+            "arm" => Some(Q8Rounding::GgmlArm),
+            "x86" => Some(Q8Rounding::GgmlX86),
+            _ => None,
+        }
+    }
+}
+
+/// Which instruction set a [`Kernels`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C; the token proves they were detected.
+    #[cfg(target_arch = "x86_64")]
+    Avx2(avx2::Token),
+}
+
+/// Kernels chosen once at load: the scalar references, or SIMD variants behind run-time CPU
+/// feature detection, and the activation rounding flavour. Copy it into every worker; it is a few
+/// bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    isa: Isa,
+    q8: Q8Rounding,
+}
+
+impl Kernels {
+    /// The best kernels this CPU runs, unless the environment variable `EDGE_RUN_ISA=scalar` forces
+    /// the scalar references (`EDGE_RUN_ISA=avx2` asks for AVX2 and falls back to scalar, with a
+    /// warning, when the CPU lacks it). Activation rounding is [`Q8Rounding::GgmlRef`] unless
+    /// `EDGE_RUN_Q8_ROUNDING` is `arm` or `x86`. Neither choice changes results beyond the last
+    /// bits of dot products: every instruction set quantizes identically.
+    pub fn detect() -> Kernels {
+        // llama.cpp's outputs define correct, and llama.cpp rounds activations the way its SIMD
+        // code for this architecture does: match that by default.
+        let k = Kernels::detect_isa().with_q8_rounding(Q8Rounding::host());
+        match std::env::var("EDGE_RUN_Q8_ROUNDING").ok().as_deref() {
+            None | Some("") => k,
+            Some(name) => match Q8Rounding::from_name(name) {
+                Some(r) => k.with_q8_rounding(r),
+                None => {
+                    log::warn!("EDGE_RUN_Q8_ROUNDING={name} is not ref/arm/x86; using the host's");
+                    k
+                }
+            },
+        }
+    }
+
+    fn detect_isa() -> Kernels {
+        let want = std::env::var("EDGE_RUN_ISA").ok();
+        match want.as_deref() {
+            Some("scalar") => return Kernels::scalar(),
+            None | Some("") | Some("auto") | Some("avx2") => {}
+            Some(other) => log::warn!("EDGE_RUN_ISA={other} is not known; detecting the CPU"),
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(k) = Kernels::avx2() {
+            return k;
+        }
+        if want.as_deref() == Some("avx2") {
+            log::warn!("EDGE_RUN_ISA=avx2 but this CPU lacks avx2/fma/f16c; using scalar kernels");
+        }
+        Kernels::scalar()
+    }
+
+    /// The scalar reference kernels (portable; what every SIMD variant is tested against).
+    pub fn scalar() -> Kernels {
+        Kernels {
+            isa: Isa::Scalar,
+            q8: Q8Rounding::GgmlRef,
+        }
+    }
+
+    /// The same kernels with another activation rounding flavour.
+    pub fn with_q8_rounding(self, q8: Q8Rounding) -> Kernels {
+        Kernels { q8, ..self }
+    }
+
+    /// The activation rounding flavour.
+    pub fn q8_rounding(&self) -> Q8Rounding {
+        self.q8
+    }
+
+    /// The AVX2 kernels, if this CPU has AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    pub fn avx2() -> Option<Kernels> {
+        avx2::Token::detect().map(|t| Kernels {
+            isa: Isa::Avx2(t),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
+    /// The instruction set in use: `"scalar"` or `"avx2"`.
+    pub fn isa_name(&self) -> &'static str {
+        match self.isa {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(_) => "avx2",
+        }
+    }
+
+    /// [`quantize_row`] with this instruction set and this rounding flavour. Results are
+    /// bit-identical whatever the instruction set (for finite inputs).
+    pub fn quantize_row(
+        &self,
+        ty: GgmlType,
+        src: &[f32],
+        dst: &mut [u8],
+    ) -> Result<(), KernelError> {
+        if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) {
+            return quantize_row(ty, src, dst);
+        }
+        let need = check_len("quantize_row", ty, src.len(), dst.len())?;
+        let dst = &mut dst[..need];
+        let r = self.q8;
+        match (self.isa, ty) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) => avx2::quantize_row_q8_0(t, src, blocks_mut(dst), r),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), _) => avx2::quantize_row_q8_1(t, src, blocks_mut(dst), r),
+            (_, GgmlType::Q8_0) => q8_0::quantize_row_with(src, blocks_mut(dst), r),
+            _ => q8_1::quantize_row_with(src, blocks_mut(dst), r),
+        }
+        Ok(())
+    }
+
+    /// [`vec_dot`] with this instruction set (SIMD variants may differ from the scalar reference
+    /// in the last bits, by summation order).
+    ///
+    /// # Panics
+    /// If `w_ty` is unsupported.
+    #[allow(clippy::manual_is_multiple_of)] // MSRV 1.85, see `row_bytes_checked`
+    pub fn vec_dot(&self, w_ty: GgmlType, n: usize, w_row: &[u8], x_row: &[u8]) -> f32 {
+        let x_ty = vec_dot_type(w_ty);
+        debug_assert!(
+            n % w_ty.block_size().max(1) == 0,
+            "{n} not whole {w_ty} blocks"
+        );
+        let wb = n / w_ty.block_size().max(1) * w_ty.block_bytes();
+        let xb = n / x_ty.block_size().max(1) * x_ty.block_bytes();
+        debug_assert!(w_row.len() >= wb, "weight row too short");
+        debug_assert!(x_row.len() >= xb, "activation row too short");
+        let (w, x) = (&w_row[..wb], &x_row[..xb]);
+        match (self.isa, w_ty) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_1) => avx2::dot_q4_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) => avx2::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) => avx2::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
+            (_, GgmlType::F32) => f32::vec_dot(w, x),
+            (_, GgmlType::F16) => f16::vec_dot(w, x),
+            (_, GgmlType::BF16) => bf16::vec_dot(w, x),
+            (_, GgmlType::Q4_0) => q4_0::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q4_1) => q4_1::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q8_0) => q8_0::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q8_1) => q8_1::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Unsupported(id)) => panic!("vec_dot: unsupported weight type id {id}"),
+        }
+    }
+
+    /// `y[i] = dot(W row rows.start + i, x)` for every row in `rows`: `W` is the raw bytes of a
+    /// matrix of type `w_ty` whose rows have `n` elements (row `r` starts at byte
+    /// `r * row_bytes(n)`), `x_q` is the activation already quantized to
+    /// [`vec_dot_type`]`(w_ty)`.
+    ///
+    /// `y` is indexed relative to `rows.start` (`y.len() == rows.len()`), so that threads can
+    /// split one output with `chunks_mut` / `split_at_mut`.
+    ///
+    /// # Panics
+    /// If `w_ty` is unsupported, `n` is not whole blocks, `y.len() != rows.len()`, or `w` / `x_q`
+    /// are too short (the executor sizes them from the validated model, so these are bugs).
+    pub fn matvec(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        x_q: &[u8],
+        rows: Range<usize>,
+        y: &mut [f32],
+    ) {
+        let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
+        let xb =
+            row_bytes_checked("matvec", vec_dot_type(w_ty), n).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(y.len(), rows.len(), "matvec: y must have one slot per row");
+        assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
+        assert!(x_q.len() >= xb, "matvec: activation too short");
+        let w = &w[rows.start * rb..rows.end * rb];
+        let x = &x_q[..xb];
+        if rb == 0 {
+            y.fill(0.0);
+            return;
+        }
+        // One dispatch per call; the per-row closure is monomorphic in the type.
+        macro_rules! rows_with {
+            ($dot:expr) => {
+                for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+                    *yi = $dot(wr);
+                }
+            };
+        }
+        match (self.isa, w_ty) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q4_1_q8_1(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q4_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q8_0_q8_0(t, blocks(wr), xb))
+            }
+            (_, GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q4_1::vec_dot(blocks(wr), xb))
+            }
+            (_, GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q4_0::vec_dot(blocks(wr), xb))
+            }
+            (_, GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q8_0::vec_dot(blocks(wr), xb))
+            }
+            (_, GgmlType::Q8_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q8_1::vec_dot(blocks(wr), xb))
+            }
+            (_, GgmlType::F32) => rows_with!(|wr| f32::vec_dot(wr, x)),
+            (_, GgmlType::F16) => rows_with!(|wr| f16::vec_dot(wr, x)),
+            (_, GgmlType::BF16) => rows_with!(|wr| bf16::vec_dot(wr, x)),
+            (_, GgmlType::Unsupported(_)) => unreachable!("rejected by row_bytes_checked"),
+        }
+    }
+}
+
+impl Default for Kernels {
+    fn default() -> Self {
+        Kernels::detect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,88 @@
+//! The engine's error type: every variant says what went wrong, where, and how to fix it.
+
+use crate::tensor::GgmlType;
+
+/// Errors from loading a model, planning memory or running a session.
+#[derive(thiserror::Error, Debug)]
+pub enum EngineError {
+    /// The GGUF file could not be read or is malformed.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+    /// The tokenizer could not be built or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] edge_tokenizers::TokenizerError),
+    /// The model's architecture has no graph builder.
+    #[error("unsupported architecture '{arch}' (general.architecture); supported: {supported}")]
+    UnsupportedArchitecture {
+        /// What the file says.
+        arch: String,
+        /// The architectures this build supports.
+        supported: &'static str,
+    },
+    /// A metadata key the architecture needs is missing or has the wrong type.
+    #[error("metadata key '{key}': {problem}")]
+    Metadata {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A tensor the architecture needs is not in the file.
+    #[error("tensor '{name}' is missing: the file is not a complete {arch} model")]
+    MissingTensor {
+        /// Tensor name.
+        name: String,
+        /// Architecture that needs it.
+        arch: String,
+    },
+    /// A tensor has the wrong shape for the hyper-parameters.
+    #[error("tensor '{name}' has shape {got:?}, expected {expected:?} from the model's metadata")]
+    TensorShape {
+        /// Tensor name.
+        name: String,
+        /// Shape in the file (ggml order).
+        got: Vec<u64>,
+        /// Shape the metadata implies.
+        expected: Vec<u64>,
+    },
+    /// A tensor's type has no kernels in this build.
+    #[error("tensor '{name}' has type {ty}, which this build cannot compute with yet (supported: f32, f16, bf16, q8_0, q4_0, q4_1)")]
+    UnsupportedTensorType {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// A run asked for more positions than the context holds.
+    #[error("{what}: {needed} tokens do not fit in the context of {ctx} tokens; use a larger --ctx (the model supports up to {max}) or a shorter prompt")]
+    ContextFull {
+        /// What overflowed ("prompt", "generation").
+        what: &'static str,
+        /// Tokens needed.
+        needed: usize,
+        /// The session's context size.
+        ctx: usize,
+        /// The model's trained context.
+        max: usize,
+    },
+    /// A bad argument to the library or the CLI.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The memory planner failed (a bug, reported instead of panicking).
+    #[error("memory plan: {0}")]
+    Plan(String),
+    /// A kernel reported an error (a bug, reported instead of panicking).
+    #[error("kernel: {0}")]
+    Kernel(String),
+    /// An I/O error with the file it concerns.
+    #[error("{path}: {source}")]
+    Io {
+        /// File path.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Result with [`EngineError`].
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

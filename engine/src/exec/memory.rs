@@ -1,0 +1,95 @@
+//! Raw, aligned, fixed-size memory shared by the threads of one forward pass: the arena, the
+//! KV cache and the per-thread scratch. Allocated once per session; never resized.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+/// Alignment of every allocation and of every arena offset: a cache line, and enough for any
+/// SIMD load.
+pub const ALIGN: usize = 64;
+
+/// Plain-old-data element types that may be viewed in raw memory (every bit pattern valid).
+pub trait Pod: Copy + 'static {}
+impl Pod for f32 {}
+impl Pod for u8 {}
+impl Pod for half::f16 {}
+
+/// A zero-initialised, 64-byte-aligned block of memory that hands out typed slices by byte
+/// offset. Several threads may hold slices at once; keeping them disjoint is the caller's job
+/// (see the safety contract of [`SharedMem::slice_mut`]).
+pub struct SharedMem {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: SharedMem is a plain allocation; all access goes through the unsafe slice methods,
+// whose callers guarantee that no two threads hold overlapping slices where one is mutable.
+unsafe impl Send for SharedMem {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMem {}
+
+impl SharedMem {
+    /// Allocates `len` zeroed bytes (at least one, so the pointer is always a real allocation).
+    pub fn new(len: usize) -> Result<SharedMem, String> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN)
+            .map_err(|e| format!("cannot allocate {len} bytes: {e}"))?;
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(|| format!("out of memory allocating {len} bytes"))?;
+        Ok(SharedMem { ptr, len })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the block is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check<T>(&self, byte_offset: usize, n: usize) -> *mut T {
+        let bytes = n.checked_mul(std::mem::size_of::<T>()).expect("slice size overflows");
+        let end = byte_offset.checked_add(bytes).expect("slice end overflows");
+        assert!(end <= self.len, "slice {byte_offset}..{end} outside memory of {} bytes", self.len);
+        assert!(
+            byte_offset % std::mem::align_of::<T>() == 0,
+            "misaligned slice at {byte_offset}"
+        );
+        // SAFETY: byte_offset <= len, inside the allocation.
+        unsafe { self.ptr.as_ptr().add(byte_offset).cast::<T>() }
+    }
+
+    /// A shared view of `n` elements at `byte_offset`.
+    ///
+    /// # Safety
+    /// No thread may hold a mutable slice overlapping this range while the returned slice lives.
+    pub unsafe fn slice<T: Pod>(&self, byte_offset: usize, n: usize) -> &[T] {
+        let p = self.check::<T>(byte_offset, n);
+        // SAFETY: in bounds and aligned (checked); T is Pod and the memory was zero-initialised,
+        // so every element is a valid T; aliasing is the caller's contract.
+        unsafe { std::slice::from_raw_parts(p, n) }
+    }
+
+    /// A mutable view of `n` elements at `byte_offset`.
+    ///
+    /// # Safety
+    /// No other slice (shared or mutable, in any thread) may overlap this range while the
+    /// returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut<T: Pod>(&self, byte_offset: usize, n: usize) -> &mut [T] {
+        let p = self.check::<T>(byte_offset, n);
+        // SAFETY: in bounds, aligned, valid for T (see `slice`); exclusivity is the caller's
+        // contract.
+        unsafe { std::slice::from_raw_parts_mut(p, n) }
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("layout was valid at allocation");
+        // SAFETY: allocated in `new` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}

@@ -1,0 +1,252 @@
+//! The compute graph: a list of ops over named values, built once per (architecture, ubatch,
+//! ctx) and planned into one arena before the first token.
+//!
+//! Every value is a row-major matrix of `rows x cols` elements (rows = tokens of the ubatch, or
+//! 1 for the last-position values). Its size is known when the graph is built, so the arena
+//! planner sees every buffer and its lifetime (producer op to last consumer op) up front. The
+//! number of tokens actually processed in a run may be smaller than the ubatch; buffers are
+//! sized for the full ubatch and the first rows are used.
+
+use crate::tensor::GgmlType;
+
+/// Index of a value (an activation buffer) in [`Graph::values`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ValueId(pub usize);
+
+/// Index of a weight tensor in the model's weight table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WeightId(pub usize);
+
+/// Element type of an activation value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    /// f32 elements.
+    F32,
+    /// Rows quantized to the given activation type (q8_0, q8_1, f16, bf16, f32) for a matmul.
+    Quantized(GgmlType),
+}
+
+/// An activation buffer: its name (for plans and debugging), shape and type.
+#[derive(Debug, Clone)]
+pub struct Value {
+    /// Readable name, e.g. `blk.3.attn_q`.
+    pub name: String,
+    /// Rows (tokens) the buffer holds.
+    pub rows: usize,
+    /// Elements per row.
+    pub cols: usize,
+    /// Element type.
+    pub ty: ValueType,
+}
+
+impl Value {
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        match self.ty {
+            ValueType::F32 => self.cols * 4,
+            ValueType::Quantized(t) => t.row_bytes(self.cols as u64).unwrap_or(0) as usize,
+        }
+    }
+
+    /// Bytes of the whole buffer.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.row_bytes()
+    }
+}
+
+/// Rotary position embedding variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeOrdering {
+    /// Rotates adjacent pairs (x[2i], x[2i+1]) — the original RoFormer/Llama layout in GGUF.
+    Normal,
+    /// Rotates (x[i], x[i + n_rot/2]) — GPT-NeoX layout (Qwen2, Phi-3, Gemma, ...).
+    NeoX,
+}
+
+/// Parameters of a rotary embedding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    /// Pair layout.
+    pub ordering: RopeOrdering,
+    /// Rotated dimensions per head (<= head_dim; the rest passes through).
+    pub n_rot: usize,
+    /// Base of the frequencies (theta).
+    pub freq_base: f32,
+    /// Position scale (1 / linear scaling factor).
+    pub freq_scale: f32,
+}
+
+/// One operation. Inputs are values or weights; each op writes exactly its `out` value
+/// (ops that write the KV cache have no output value).
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// out[t] = dequantized row `tokens[t]` of the embedding table.
+    Embed { table: WeightId, out: ValueId },
+    /// out = x * rsqrt(mean(x^2) + eps) * weight, per row.
+    RmsNorm {
+        x: ValueId,
+        weight: WeightId,
+        eps: f32,
+        out: ValueId,
+    },
+    /// out = x quantized row by row to the activation type of a matmul.
+    Quantize { x: ValueId, out: ValueId },
+    /// out[t][r] = dot(weight row r, x[t]); x already quantized to the weight's vec-dot type.
+    MatMul {
+        weight: WeightId,
+        x: ValueId,
+        out: ValueId,
+    },
+    /// out = x with rotary embedding applied to each head at positions pos0 + t.
+    Rope {
+        x: ValueId,
+        head_dim: usize,
+        rope: Rope,
+        out: ValueId,
+    },
+    /// Writes rows of k and v (already rotated) into the KV cache of `layer` at pos0 + t.
+    StoreKv { k: ValueId, v: ValueId, layer: usize },
+    /// Causal grouped-query attention of q over the cached keys/values of `layer`
+    /// (positions 0..=pos0+t for row t), tiled: a first pass over tiles finds the softmax
+    /// maximum and denominator online, a second recomputes the scores and accumulates V. No
+    /// buffer of scores longer than one tile exists, whatever the context.
+    Attention {
+        q: ValueId,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        scale: f32,
+        out: ValueId,
+    },
+    /// out = a + b.
+    Add { a: ValueId, b: ValueId, out: ValueId },
+    /// out = silu(gate) * up.
+    SwiGlu {
+        gate: ValueId,
+        up: ValueId,
+        out: ValueId,
+    },
+    /// out[0] = x[n_tokens - 1]: only the last position goes on to the output head.
+    TakeLast { x: ValueId, out: ValueId },
+}
+
+impl Op {
+    /// Values the op reads.
+    pub fn inputs(&self) -> Vec<ValueId> {
+        match *self {
+            Op::Embed { .. } => vec![],
+            Op::RmsNorm { x, .. }
+            | Op::Quantize { x, .. }
+            | Op::MatMul { x, .. }
+            | Op::Rope { x, .. }
+            | Op::TakeLast { x, .. } => vec![x],
+            Op::StoreKv { k, v, .. } => vec![k, v],
+            Op::Attention { q, .. } => vec![q],
+            Op::Add { a, b, .. } => vec![a, b],
+            Op::SwiGlu { gate, up, .. } => vec![gate, up],
+        }
+    }
+
+    /// The value the op writes, if any.
+    pub fn output(&self) -> Option<ValueId> {
+        match *self {
+            Op::Embed { out, .. }
+            | Op::RmsNorm { out, .. }
+            | Op::Quantize { out, .. }
+            | Op::MatMul { out, .. }
+            | Op::Rope { out, .. }
+            | Op::Attention { out, .. }
+            | Op::Add { out, .. }
+            | Op::SwiGlu { out, .. }
+            | Op::TakeLast { out, .. } => Some(out),
+            Op::StoreKv { .. } => None,
+        }
+    }
+
+    /// Short name for logs and profiles.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Embed { .. } => "embed",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Quantize { .. } => "quantize",
+            Op::MatMul { .. } => "matmul",
+            Op::Rope { .. } => "rope",
+            Op::StoreKv { .. } => "store_kv",
+            Op::Attention { .. } => "attention",
+            Op::Add { .. } => "add",
+            Op::SwiGlu { .. } => "swiglu",
+            Op::TakeLast { .. } => "take_last",
+        }
+    }
+}
+
+/// A built graph: values, ops in execution order, and the value holding the logits.
+#[derive(Debug, Clone)]
+pub struct Graph {
+    /// All activation values.
+    pub values: Vec<Value>,
+    /// Ops in execution order.
+    pub ops: Vec<Op>,
+    /// The value the caller reads after a run (logits of the last position).
+    pub output: ValueId,
+    /// Tokens per run at most (the ubatch).
+    pub ubatch: usize,
+}
+
+impl Graph {
+    /// An empty graph for up to `ubatch` tokens per run.
+    pub fn new(ubatch: usize) -> Graph {
+        Graph {
+            values: Vec::new(),
+            ops: Vec::new(),
+            output: ValueId(0),
+            ubatch,
+        }
+    }
+
+    /// Declares a value.
+    pub fn value(&mut self, name: impl Into<String>, rows: usize, cols: usize, ty: ValueType) -> ValueId {
+        self.values.push(Value {
+            name: name.into(),
+            rows,
+            cols,
+            ty,
+        });
+        ValueId(self.values.len() - 1)
+    }
+
+    /// Appends an op.
+    pub fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+
+    /// The arena buffers of this graph: one per value, live from the op that writes it to the
+    /// last op that reads it (the output value lives to the end, since the caller reads it).
+    pub fn buffers(&self, align: usize) -> Vec<edge_arena::Buffer> {
+        let n_ops = self.ops.len();
+        let mut first = vec![usize::MAX; self.values.len()];
+        let mut last = vec![0usize; self.values.len()];
+        for (i, op) in self.ops.iter().enumerate() {
+            if let Some(o) = op.output() {
+                first[o.0] = first[o.0].min(i);
+                last[o.0] = last[o.0].max(i);
+            }
+            for v in op.inputs() {
+                first[v.0] = first[v.0].min(i);
+                last[v.0] = last[v.0].max(i);
+            }
+        }
+        last[self.output.0] = n_ops.saturating_sub(1);
+        self.values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| edge_arena::Buffer {
+                size: v.bytes(),
+                align,
+                first_op: if first[i] == usize::MAX { 0 } else { first[i] },
+                last_op: if first[i] == usize::MAX { 0 } else { last[i] },
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,263 @@
+//! A session: one conversation's state over a shared [`Model`] — its KV cache, its arena (one
+//! allocation, planned before the first token) and its threads.
+
+use std::sync::Arc;
+
+use crate::arch;
+use crate::cpu::Kernels;
+use crate::error::{EngineError, Result};
+use crate::exec::{memory::ALIGN, Executor, KvCache, PlannedGraph, RunArgs};
+use crate::graph::Graph;
+use crate::model::Model;
+
+/// Default context size when none is given (capped by the model's trained context).
+pub const DEFAULT_CTX: usize = 4096;
+/// Default prompt chunk (tokens per prefill run).
+pub const DEFAULT_UBATCH: usize = 512;
+
+/// How to size a session.
+#[derive(Debug, Clone, Default)]
+pub struct SessionConfig {
+    /// Context size in tokens (KV cache positions); `None`: min(4096, trained context).
+    pub ctx: Option<usize>,
+    /// Tokens per prefill run; `None`: min(512, ctx).
+    pub ubatch: Option<usize>,
+    /// Threads; `None`: the available cores.
+    pub threads: Option<usize>,
+}
+
+/// Memory a session owns, computed from its plan. Weights are mapped from the file, not copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Mapped weight bytes the graph reads.
+    pub weights_bytes: u64,
+    /// KV cache.
+    pub kv_bytes: u64,
+    /// Arena (all activations), as planned.
+    pub arena_bytes: u64,
+    /// Peak of simultaneously-live activation bytes: no plan can be smaller.
+    pub arena_lower_bound_bytes: u64,
+    /// Per-thread scratch of the kernels.
+    pub scratch_bytes: u64,
+}
+
+impl MemoryReport {
+    /// What the session allocates: KV cache + arena + scratch (weights excluded: mapped).
+    pub fn owned_bytes(&self) -> u64 {
+        self.kv_bytes + self.arena_bytes + self.scratch_bytes
+    }
+}
+
+/// Plans `graph` into an arena and proves the plan sound (the executor's memory safety
+/// depends on it, so this runs in every build, not only in debug).
+pub fn plan_graph(graph: Graph) -> Result<(PlannedGraph, usize, usize)> {
+    let buffers = graph.buffers(ALIGN);
+    let plan = edge_arena::plan(&buffers).map_err(|e| EngineError::Plan(e.to_string()))?;
+    edge_arena::check(&buffers, &plan.offsets, plan.size).map_err(|e| EngineError::Plan(e.to_string()))?;
+    Ok((
+        PlannedGraph {
+            graph,
+            offsets: plan.offsets,
+        },
+        plan.size,
+        plan.lower_bound,
+    ))
+}
+
+/// One conversation's state: KV cache, arena, threads; the model is shared.
+pub struct Session {
+    model: Arc<Model>,
+    kv: KvCache,
+    exec: Executor,
+    decode: PlannedGraph,
+    prefill: Option<PlannedGraph>,
+    ubatch: usize,
+    n_past: usize,
+    report: MemoryReport,
+    /// Whether the last run produced logits that can be read.
+    has_logits: bool,
+    last_graph_is_prefill: bool,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("ctx", &self.kv.ctx())
+            .field("ubatch", &self.ubatch)
+            .field("n_past", &self.n_past)
+            .finish()
+    }
+}
+
+impl Session {
+    /// Opens a session: builds and plans the graphs, allocates the KV cache and the arena once.
+    pub fn new(model: Arc<Model>, cfg: &SessionConfig) -> Result<Session> {
+        let p = &model.params;
+        let ctx = cfg.ctx.unwrap_or(DEFAULT_CTX.min(p.n_ctx_train));
+        if ctx == 0 {
+            return Err(EngineError::InvalidArgument(
+                "--ctx must be at least 1".into(),
+            ));
+        }
+        if ctx > p.n_ctx_train {
+            log::warn!(
+                "context {ctx} is larger than the {} tokens the model was trained for; quality may drop",
+                p.n_ctx_train
+            );
+        }
+        let ubatch = cfg.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx);
+        if ubatch == 0 {
+            return Err(EngineError::InvalidArgument("--ubatch must be at least 1".into()));
+        }
+        let threads = cfg
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        if threads == 0 {
+            return Err(EngineError::InvalidArgument("--threads must be at least 1".into()));
+        }
+        let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(&model, 1))?;
+        let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
+            let (pg, size, bound) = plan_graph(arch::llama::build_graph(&model, ubatch))?;
+            (Some(pg), size.max(decode_size), bound.max(decode_bound))
+        } else {
+            (None, decode_size, decode_bound)
+        };
+        let kv = KvCache::new(p.n_layer, ctx, p.kv_dim()).map_err(EngineError::Plan)?;
+        let exec = Executor::new(arena_bytes, threads, p.head_dim, Kernels::detect()).map_err(EngineError::Plan)?;
+        let report = MemoryReport {
+            weights_bytes: model.weight_bytes_total(),
+            kv_bytes: kv.bytes() as u64,
+            arena_bytes: arena_bytes as u64,
+            arena_lower_bound_bytes: lower_bound as u64,
+            scratch_bytes: exec.scratch_bytes() as u64,
+        };
+        log::info!(
+            "session: ctx {ctx}, ubatch {ubatch}, {threads} threads, kernels {}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
+            exec.kernels().isa_name(),
+            report.kv_bytes as f64 / 1048576.0,
+            report.arena_bytes as f64 / 1048576.0,
+            report.arena_lower_bound_bytes as f64 / 1048576.0,
+            report.scratch_bytes / 1024
+        );
+        Ok(Session {
+            model,
+            kv,
+            exec,
+            decode,
+            prefill,
+            ubatch,
+            n_past: 0,
+            report,
+            has_logits: false,
+            last_graph_is_prefill: false,
+        })
+    }
+
+    /// The model this session runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Context size in tokens.
+    pub fn ctx(&self) -> usize {
+        self.kv.ctx()
+    }
+
+    /// Tokens per prefill run.
+    pub fn ubatch(&self) -> usize {
+        self.ubatch
+    }
+
+    /// Threads per op.
+    pub fn n_threads(&self) -> usize {
+        self.exec.n_threads()
+    }
+
+    /// Positions already in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// The session's memory, from its plan.
+    pub fn memory(&self) -> MemoryReport {
+        self.report
+    }
+
+    /// Forgets the conversation (the KV cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+        self.has_logits = false;
+    }
+
+    /// Appends `tokens` to the context, in chunks of the ubatch, and returns the logits of the
+    /// last one.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidArgument("nothing to process: the prompt has no tokens".into()));
+        }
+        self.check_tokens(tokens, "prompt")?;
+        for chunk in tokens.chunks(self.ubatch) {
+            self.run(chunk)?;
+        }
+        Ok(self.logits())
+    }
+
+    /// Appends one token and returns the logits for the next.
+    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
+        self.check_tokens(&[token], "generation")?;
+        self.run(&[token])?;
+        Ok(self.logits())
+    }
+
+    /// Logits of the last processed position (empty before any run).
+    pub fn logits(&self) -> &[f32] {
+        if !self.has_logits {
+            return &[];
+        }
+        let pg = if self.last_graph_is_prefill {
+            self.prefill.as_ref().unwrap_or(&self.decode)
+        } else {
+            &self.decode
+        };
+        self.exec.read_f32(pg, pg.graph.output, 1)
+    }
+
+    fn check_tokens(&self, tokens: &[u32], what: &'static str) -> Result<()> {
+        let n_vocab = self.model.params.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab} tokens"
+            )));
+        }
+        if self.n_past + tokens.len() > self.ctx() {
+            return Err(EngineError::ContextFull {
+                what,
+                needed: self.n_past + tokens.len(),
+                ctx: self.ctx(),
+                max: self.model.params.n_ctx_train,
+            });
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, chunk: &[u32]) -> Result<()> {
+        let use_prefill = chunk.len() > 1;
+        let pg = if use_prefill {
+            self.prefill.as_ref().unwrap_or(&self.decode)
+        } else {
+            &self.decode
+        };
+        let args = RunArgs {
+            tokens: chunk,
+            pos0: self.n_past,
+        };
+        if !self.exec.run(&self.model, &self.kv, pg, args) {
+            self.has_logits = false;
+            return Err(EngineError::Kernel("a worker thread panicked; this is a bug".into()));
+        }
+        self.n_past += chunk.len();
+        self.has_logits = true;
+        self.last_graph_is_prefill = use_prefill && self.prefill.is_some();
+        Ok(())
+    }
+}
