@@ -123,7 +123,7 @@ impl Session {
             (None, decode_size, decode_bound)
         };
         let kv = KvCache::new(p.n_layer, ctx, p.kv_dim()).map_err(EngineError::Plan)?;
-        let exec = Executor::new(arena_bytes, threads, p.head_dim, Kernels::detect()).map_err(EngineError::Plan)?;
+        let exec = Executor::new(arena_bytes, threads, ctx, p.head_dim, Kernels::detect()).map_err(EngineError::Plan)?;
         let report = MemoryReport {
             weights_bytes: model.weight_bytes_total(),
             kv_bytes: kv.bytes() as u64,

@@ -44,7 +44,7 @@ fn greedy_continuations_match_llama_cpp() {
     let model = model();
     let cases = read_jsonl(&shared_dir().join("reference/smollm2/greedy.jsonl"));
     assert!(cases.len() >= 8);
-    let mut session = Session::new(model.clone(), &SessionConfig { ctx: Some(2048), ..Default::default() }).unwrap();
+    let mut session = Session::new(model.clone(), &SessionConfig { ctx: Some(2048), threads: Some(1), ..Default::default() }).unwrap();
     let mut failures = Vec::new();
     for case in &cases {
         let prompt = case["prompt"].as_str().unwrap();
@@ -61,7 +61,9 @@ fn greedy_continuations_match_llama_cpp() {
                 model.tokenizer.decode(&got)
             ));
         } else {
-            assert_eq!(model.tokenizer.decode(&got), case["text"].as_str().unwrap(), "text of {prompt:?}");
+            // llama.cpp's detokenizer leaves out control tokens (the final <|im_end|>).
+            let text_ids: Vec<u32> = got.iter().copied().filter(|&t| !model.tokenizer.is_control(t)).collect();
+            assert_eq!(model.tokenizer.decode(&text_ids), case["text"].as_str().unwrap(), "text of {prompt:?}");
         }
     }
     assert!(failures.is_empty(), "{} of {} continuations differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
@@ -82,34 +84,44 @@ fn chunked_prefill_and_threads_do_not_change_tokens() {
     }
 }
 
-/// Teacher-forced logits: feed the prompt one token at a time and compare every position's
-/// logits with llama.cpp's top 10.
+/// Teacher-forced logits: the logits at every prompt position compared with llama.cpp's top 10.
 ///
-/// Tolerance: both engines quantize activations to q8_1/q8_0 the same way and read the same
-/// weights, so differences come only from float summation order (SIMD lanes, threads) and from
-/// f16 rounding inside attention, which llama.cpp and we do at slightly different points. Logits
-/// here are O(10-30); those differences stay within a few hundredths (see the printed maximum),
-/// so 0.1 is several times the observed error yet far below the gaps that decide rankings.
+/// Tolerance 1e-3: the engine reproduces llama.cpp's x86 CPU arithmetic operation for operation
+/// (same activation rounding, same summation order in every dot product, same exp polynomial;
+/// see `edge_engine::cpu::ggml_order`), so the logits are bit-identical and the only difference
+/// left is the reference file's rounding to 4 decimals (5e-5). Before that emulation, engines
+/// that agree on the math but not the order differed by up to 1.3 here (30 layers amplify
+/// last-bit differences through the q8 activation rounding), which flipped greedy choices. On
+/// other ISAs (aarch64) the order differs; see the README.
 #[test]
 fn teacher_forced_logits_match_llama_cpp() {
-    const TOLERANCE: f32 = 0.1;
+    const TOLERANCE: f32 = 1e-3;
     let model = model();
     let cases = read_jsonl(&shared_dir().join("reference/smollm2/logits-top10.jsonl"));
-    let mut session = Session::new(model.clone(), &SessionConfig { ctx: Some(512), ..Default::default() }).unwrap();
+    let mut session = Session::new(model.clone(), &SessionConfig { ctx: Some(512), threads: Some(1), ..Default::default() }).unwrap();
     let (mut positions, mut top1_same, mut max_err) = (0usize, 0usize, 0f32);
     let mut out_of_tolerance = Vec::new();
     for case in &cases {
         let prompt_ids = ids(&case["prompt_ids"]);
         let top = case["top"].as_array().unwrap();
         assert_eq!(top.len(), prompt_ids.len());
-        session.reset();
-        for (pos, (&id, want)) in prompt_ids.iter().zip(top).enumerate() {
-            let logits = session.step(id).unwrap();
+        for (pos, want) in top.iter().enumerate() {
+            // llama.cpp computed these logits in one batch over the whole prompt; a batch over
+            // the prefix up to `pos` runs the same kernels and yields the same row.
+            session.reset();
+            let logits = session.prefill(&prompt_ids[..=pos]).unwrap();
             positions += 1;
             let want = want.as_array().unwrap();
             let want_top1 = want[0][0].as_u64().unwrap() as u32;
             if argmax(logits) == want_top1 {
                 top1_same += 1;
+            }
+            if std::env::var_os("EDGE_RUN_SHOW_ERRORS").is_some() {
+                let errs: Vec<String> = want
+                    .iter()
+                    .map(|e| format!("{:+.3}", logits[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap() as f32))
+                    .collect();
+                eprintln!("pos {pos}: {}", errs.join(" "));
             }
             for entry in want {
                 let (tid, value) = (entry[0].as_u64().unwrap() as usize, entry[1].as_f64().unwrap() as f32);

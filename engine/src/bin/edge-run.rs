@@ -2,16 +2,17 @@
 //!
 //! `edge-run MODEL.gguf -p PROMPT` generates text (streamed to stdout; logs go to stderr);
 //! `edge-run tokenize`, `edge-run inspect` work on any GGUF. Every error is one line on stderr
-//! and a non-zero exit status.
+//! and a non-zero exit status (2 for a bad command line, 1 for anything else).
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use edge_engine::gguf::Gguf;
+use edge_engine::error::EngineError;
+use edge_engine::gguf::{Gguf, GgufError};
 use edge_engine::model::Model;
 use edge_engine::sampling::{Sampler, SamplerConfig};
 use edge_engine::session::{Session, SessionConfig};
@@ -19,6 +20,8 @@ use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 use edge_tokenizers::{StreamDecoder, Tokenizer};
 
 /// Run a quantized language model from a GGUF file on this machine.
+///
+/// Only the generated text goes to stdout; logs and the timing summary go to stderr.
 ///
 /// Examples:
 ///   edge-run models/SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" -n 32 --temp 0
@@ -49,54 +52,66 @@ struct GenerateArgs {
     #[arg(value_name = "MODEL")]
     model_pos: Option<PathBuf>,
     /// The GGUF model file (same as the positional MODEL).
-    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "model_pos")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        conflicts_with = "model_pos"
+    )]
     model: Option<PathBuf>,
     /// The prompt. Special-token text (e.g. `<|im_start|>`) is parsed as special tokens.
-    #[arg(short = 'p', long)]
+    #[arg(short = 'p', long, value_name = "TEXT", allow_hyphen_values = true)]
     prompt: Option<String>,
-    /// Read the prompt from a file instead.
-    #[arg(short = 'f', long = "file", value_name = "PATH", conflicts_with = "prompt")]
+    /// Read the prompt from a file instead (UTF-8 text, used verbatim).
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "PATH",
+        conflicts_with = "prompt"
+    )]
     prompt_file: Option<PathBuf>,
     /// Tokens to generate at most (generation also stops at an end-of-generation token).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256, value_name = "N")]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256, value_name = "N",
+          allow_negative_numbers = true, value_parser = count)]
     n_predict: usize,
-    /// Context size in tokens (KV cache positions) [default: min(4096, the model's trained context)].
-    #[arg(short = 'c', long = "ctx", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    ctx: Option<u32>,
+    /// Context size in tokens (KV cache positions); the prompt and the output must fit
+    /// [default: min(4096, the model's trained context)].
+    #[arg(short = 'c', long = "ctx", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    ctx: Option<usize>,
     /// Prompt tokens processed per forward pass [default: min(512, ctx)].
-    #[arg(long = "ubatch", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    ubatch: Option<u32>,
+    #[arg(long = "ubatch", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    ubatch: Option<usize>,
     /// Threads [default: the available cores].
-    #[arg(short = 't', long = "threads", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
-    threads: Option<u32>,
+    #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
+    threads: Option<usize>,
     /// Sampling temperature; 0 = greedy (argmax).
-    #[arg(long = "temp", default_value_t = 0.8, value_name = "T")]
+    #[arg(long = "temp", default_value_t = 0.8, value_name = "T", allow_negative_numbers = true, value_parser = number)]
     temp: f32,
     /// Keep only the K most likely tokens; 0 = off.
-    #[arg(long = "top-k", default_value_t = 40, value_name = "K")]
+    #[arg(long = "top-k", default_value_t = 40, value_name = "K", allow_negative_numbers = true, value_parser = count)]
     top_k: usize,
     /// Keep the smallest set of tokens whose probability adds up to P; 1 = off.
-    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P")]
+    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P", allow_negative_numbers = true, value_parser = number)]
     top_p: f32,
     /// Drop tokens less likely than P times the most likely one; 0 = off.
-    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P")]
+    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P", allow_negative_numbers = true, value_parser = number)]
     min_p: f32,
     /// Penalise tokens seen in the last --repeat-last-n tokens; 1 = off.
-    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X")]
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X", allow_negative_numbers = true, value_parser = number)]
     repeat_penalty: f32,
     /// How many recent tokens the repetition penalty looks at.
-    #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N")]
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N", allow_negative_numbers = true, value_parser = count)]
     repeat_last_n: usize,
     /// Random seed: the same seed gives the same tokens.
-    #[arg(long = "seed", default_value_t = 42, value_name = "N")]
+    #[arg(long = "seed", default_value_t = 42, value_name = "N", allow_negative_numbers = true, value_parser = seed)]
     seed: u64,
     /// Wrap the prompt in the model's chat template (tokenizer.chat_template) as a user message.
     #[arg(long)]
     chat: bool,
     /// With --chat: a system message (otherwise the template's default, if any).
-    #[arg(long, value_name = "TEXT", requires = "chat")]
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
     system: Option<String>,
-    /// More logging on stderr (-v info, -vv debug).
+    /// More logging on stderr (-v info: memory plan, timings; -vv debug). RUST_LOG overrides.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     verbose: u8,
 }
@@ -106,9 +121,13 @@ struct TokenizeArgs {
     /// The GGUF file (a model or a vocabulary-only file).
     model: PathBuf,
     /// The text (or use --stdin).
-    #[arg(required_unless_present = "stdin", conflicts_with = "stdin")]
+    #[arg(
+        required_unless_present = "stdin",
+        conflicts_with = "stdin",
+        allow_hyphen_values = true
+    )]
     text: Option<String>,
-    /// Read the text from standard input, verbatim (no trimming).
+    /// Read the text from standard input, verbatim (no trimming; must be UTF-8).
     #[arg(long)]
     stdin: bool,
     /// Parse special-token text (e.g. `<|im_start|>`) as special tokens.
@@ -123,12 +142,196 @@ struct TokenizeArgs {
 struct InspectArgs {
     /// The GGUF file.
     model: PathBuf,
-    /// Show every element of long arrays (default: the first few).
+    /// Show every element of long arrays and long strings (default: the first few).
     #[arg(long)]
     full: bool,
 }
 
+// ---- flag value parsers: each error names what is expected (clap adds the flag and value) ----
+
+fn count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .map_err(|_| "expected a whole number >= 0".to_string())
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) if n > u32::MAX as usize => Err(format!("must be at most {}", u32::MAX)),
+        Ok(n) => Ok(n),
+        Err(_) => Err("expected a whole number >= 1".into()),
+    }
+}
+
+fn threads(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err("expected a number of threads from 1 to 1024".into()),
+    }
+}
+
+fn number(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(x) if x.is_finite() => Ok(x),
+        _ => Err("expected a finite number such as 0.5".into()),
+    }
+}
+
+fn seed(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<u64>()
+        .map_err(|_| format!("expected a whole number from 0 to {}", u64::MAX))
+}
+
+// ---- errors ----
+
+/// An error for the one line on stderr; `usage` errors (a bad command line) exit with 2.
+struct CliError {
+    msg: String,
+    usage: bool,
+}
+
+impl CliError {
+    fn usage(msg: impl Into<String>) -> CliError {
+        CliError {
+            msg: msg.into(),
+            usage: true,
+        }
+    }
+}
+
+impl From<String> for CliError {
+    fn from(msg: String) -> CliError {
+        CliError { msg, usage: false }
+    }
+}
+
+impl From<&str> for CliError {
+    fn from(msg: &str) -> CliError {
+        msg.to_string().into()
+    }
+}
+
+type CliResult<T = ()> = Result<T, CliError>;
+
+/// One line from a clap error: the message, its context line(s) and any "similar argument"
+/// tip, then where to look.
+fn clap_error_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut line = String::new();
+    for l in text.lines().map(str::trim) {
+        if l.starts_with("Usage:") || l.starts_with("For more information") {
+            break;
+        }
+        if l.is_empty() || (l.starts_with("tip:") && l.contains("as a value, use '--")) {
+            continue;
+        }
+        let l = l.strip_prefix("error: ").unwrap_or(l);
+        if line.is_empty() {
+            line.push_str(l);
+        } else if line.ends_with(':') {
+            line.push(' ');
+            line.push_str(l);
+        } else {
+            line.push_str("; ");
+            line.push_str(l);
+        }
+    }
+    if line.is_empty() {
+        line.push_str("invalid arguments");
+    }
+    // `edge-run MODEL "some text"`: clap reads the text as a subcommand name.
+    if let Some(rest) = line.strip_prefix("the subcommand '") {
+        if let Some((word, _)) = rest.split_once("' cannot be used with") {
+            line = format!(
+                "unexpected argument '{word}' after the model: give the prompt with -p (edge-run MODEL -p \"{word}\")"
+            );
+        }
+    }
+    let sub = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .filter(|a| a == "tokenize" || a == "inspect");
+    match sub {
+        Some(sub) => format!("{line} (see edge-run {sub} --help)"),
+        None => format!("{line} (see edge-run --help)"),
+    }
+}
+
+/// Opens a GGUF, turning its errors into one line that names the file and the fix.
+fn open_gguf(path: &Path) -> CliResult<Gguf> {
+    if path.is_dir() {
+        return Err(format!(
+            "{} is a directory: give the path of a .gguf file",
+            path.display()
+        )
+        .into());
+    }
+    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        return Err(format!(
+            "{} is empty (0 bytes): the download or conversion failed; fetch the file again",
+            path.display()
+        )
+        .into());
+    }
+    Gguf::open(path).map_err(|e| gguf_error(path, &e).into())
+}
+
+fn gguf_error(path: &Path, e: &GgufError) -> String {
+    let p = path.display();
+    match e {
+        GgufError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            format!("{p}: no such file: check the path (scripts/fetch-model.sh downloads the default model)")
+        }
+        GgufError::Io { .. } => format!("{e}: give the path of a readable .gguf file"),
+        GgufError::BadMagic { .. } => {
+            format!("{p}: {e}: give a model in GGUF format (llama.cpp's converters write it)")
+        }
+        GgufError::UnsupportedVersion { .. } => format!("{p}: {e}"),
+        GgufError::Truncated { .. }
+        | GgufError::CountTooLarge { .. }
+        | GgufError::TensorOutOfRange { .. } => {
+            format!("{p}: {e}: the file is incomplete or damaged; download or convert it again")
+        }
+        _ => format!("{p}: {e}: the file is malformed; convert it again"),
+    }
+}
+
+fn engine_error(path: &Path, e: EngineError) -> String {
+    match e {
+        EngineError::Gguf(g) => gguf_error(path, &g),
+        EngineError::UnsupportedArchitecture { .. } => format!(
+            "{}: {e}: use a model of a supported architecture",
+            path.display()
+        ),
+        e => format!("{}: {e}", path.display()),
+    }
+}
+
+fn install_panic_hook() {
+    // A panic is a bug; still, report it as one line rather than a multi-line trace.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = if let Some(s) = info.payload().downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = info.payload().downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "panic".to_string()
+        };
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "error: internal error{at}: {}: this is a bug in edge-run, please report it",
+            msg.replace('\n', " ")
+        );
+    }));
+}
+
 fn main() -> ExitCode {
+    install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -137,9 +340,7 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            let text = e.render().to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
-            eprintln!("{first} (see edge-run --help)");
+            eprintln!("error: {}", clap_error_line(&e));
             return ExitCode::from(2);
         }
     };
@@ -151,26 +352,29 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp(None)
         .init();
-    let result = match cli.command {
+    let result = std::panic::catch_unwind(move || match cli.command {
         Some(Command::Tokenize(a)) => tokenize(a),
         Some(Command::Inspect(a)) => inspect(a),
         None => generate(cli.generate),
-    };
+    });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("error: {msg}");
-            ExitCode::FAILURE
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("error: {}", e.msg.replace('\n', " "));
+            ExitCode::from(if e.usage { 2 } else { 1 })
         }
+        // the panic hook has printed the line
+        Err(_) => ExitCode::from(101),
     }
 }
 
-type CliResult = Result<(), String>;
+// ---- tokenize ----
 
-fn tokenizer_of(path: &PathBuf) -> Result<Tokenizer, String> {
-    let gguf = Gguf::open(path).map_err(|e| e.to_string())?;
-    let cfg = edge_engine::vocab::vocab_config_from_gguf(&gguf).map_err(|e| e.to_string())?;
-    Tokenizer::from_config(cfg).map_err(|e| format!("{}: {e}", path.display()))
+fn tokenizer_of(path: &Path) -> CliResult<Tokenizer> {
+    let gguf = open_gguf(path)?;
+    let cfg =
+        edge_engine::vocab::vocab_config_from_gguf(&gguf).map_err(|e| engine_error(path, e))?;
+    Tokenizer::from_config(cfg).map_err(|e| format!("{}: tokenizer: {e}", path.display()).into())
 }
 
 fn tokenize(a: TokenizeArgs) -> CliResult {
@@ -179,42 +383,50 @@ fn tokenize(a: TokenizeArgs) -> CliResult {
         std::io::stdin()
             .read_to_end(&mut buf)
             .map_err(|e| format!("reading standard input: {e}"))?;
-        String::from_utf8(buf).map_err(|_| "standard input is not valid UTF-8 text".to_string())?
+        String::from_utf8(buf).map_err(|e| {
+            format!(
+                "standard input is not UTF-8 text (invalid byte at offset {}): convert it to UTF-8",
+                e.utf8_error().valid_up_to()
+            )
+        })?
     } else {
         a.text.unwrap_or_default()
     };
     let tok = tokenizer_of(&a.model)?;
     let ids = tok
         .encode(&text, a.add_special, a.special)
-        .map_err(|e| e.to_string())?;
-    println!("{}", serde_json::to_string(&ids).map_err(|e| e.to_string())?);
+        .map_err(|e| format!("{}: tokenizer: {e}", a.model.display()))?;
+    let json = serde_json::to_string(&ids).map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{json}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("writing output: {e}"))?;
     Ok(())
 }
 
+// ---- inspect ----
+
 fn inspect(a: InspectArgs) -> CliResult {
-    let g = Gguf::open(&a.model).map_err(|e| e.to_string())?;
-    let mut out = std::io::stdout().lock();
-    let w = |out: &mut std::io::StdoutLock, s: String| writeln!(out, "{s}").map_err(|e| e.to_string());
-    w(
-        &mut out,
-        format!(
-            "{}: GGUF v{}, {} metadata keys, {} tensors, alignment {}, data at byte {}, {} bytes",
-            a.model.display(),
-            g.version(),
-            g.metadata().len(),
-            g.tensors().len(),
-            g.alignment(),
-            g.data_offset(),
-            g.file_size()
-        ),
-    )?;
-    w(&mut out, String::new())?;
-    w(&mut out, "metadata:".into())?;
+    let g = open_gguf(&a.model)?;
+    let mut lines = Vec::new();
+    lines.push(format!(
+        "{}: GGUF v{}, {} metadata keys, {} tensors, alignment {}, data at byte {}, {} bytes",
+        a.model.display(),
+        g.version(),
+        g.metadata().len(),
+        g.tensors().len(),
+        g.alignment(),
+        g.data_offset(),
+        g.file_size()
+    ));
+    lines.push(String::new());
+    lines.push("metadata:".into());
     for (key, value) in g.metadata() {
         let shown = match value {
             edge_engine::gguf::MetaValue::Array(items) if a.full => {
                 format!("{} {:?}", value.type_name(), items)
             }
+            edge_engine::gguf::MetaValue::String(s) if a.full => format!("{s:?}"),
             _ => value.to_string(),
         };
         let shown = if !a.full && shown.chars().count() > 160 {
@@ -223,41 +435,106 @@ fn inspect(a: InspectArgs) -> CliResult {
         } else {
             shown
         };
-        w(&mut out, format!("  {key:<42} {}", shown.replace('\n', "\\n")))?;
+        lines.push(format!("  {key:<42} {}", shown.replace('\n', "\\n")));
     }
-    w(&mut out, String::new())?;
-    w(&mut out, format!("  {:<40} {:<8} {:<22} {:>12} {:>12}", "tensor", "type", "dims", "bytes", "offset"))?;
-    let mut by_type: std::collections::BTreeMap<&'static str, (usize, u64)> = Default::default();
-    for t in g.tensors() {
-        let dims = format!("{:?}", t.dims);
-        w(
-            &mut out,
-            format!("  {:<40} {:<8} {:<22} {:>12} {:>12}", t.name, t.ggml_type.name(), dims, t.n_bytes, t.offset),
-        )?;
-        let e = by_type.entry(t.ggml_type.name()).or_default();
-        e.0 += 1;
-        e.1 += t.n_bytes;
+    if g.tensors().is_empty() {
+        lines.push(String::new());
+        lines.push("no tensors (a vocabulary-only file)".into());
+    } else {
+        lines.push(String::new());
+        lines.push(format!(
+            "  {:<40} {:<8} {:<22} {:>12} {:>12}",
+            "tensor", "type", "dims", "bytes", "offset"
+        ));
+        let mut by_type: std::collections::BTreeMap<&'static str, (usize, u64)> =
+            Default::default();
+        for t in g.tensors() {
+            let dims = format!("{:?}", t.dims);
+            lines.push(format!(
+                "  {:<40} {:<8} {:<22} {:>12} {:>12}",
+                t.name,
+                t.ggml_type.name(),
+                dims,
+                t.n_bytes,
+                t.offset
+            ));
+            let e = by_type.entry(t.ggml_type.name()).or_default();
+            e.0 += 1;
+            e.1 += t.n_bytes;
+        }
+        lines.push(String::new());
+        let total: u64 = g.tensors().iter().map(|t| t.n_bytes).sum();
+        let types: Vec<String> = by_type
+            .iter()
+            .map(|(ty, (n, b))| format!("{ty}: {n} tensors, {:.1} MiB", *b as f64 / 1048576.0))
+            .collect();
+        lines.push(format!(
+            "weights: {:.1} MiB ({})",
+            total as f64 / 1048576.0,
+            types.join("; ")
+        ));
     }
-    w(&mut out, String::new())?;
-    let total: u64 = g.tensors().iter().map(|t| t.n_bytes).sum();
-    let types: Vec<String> = by_type
-        .iter()
-        .map(|(ty, (n, b))| format!("{ty}: {n} tensors, {:.1} MiB", *b as f64 / 1048576.0))
-        .collect();
-    w(&mut out, format!("weights: {:.1} MiB ({})", total as f64 / 1048576.0, types.join("; ")))?;
+    let mut out = std::io::stdout().lock();
+    for l in lines {
+        writeln!(out, "{l}").map_err(|e| format!("writing output: {e}"))?;
+    }
+    out.flush().map_err(|e| format!("writing output: {e}"))?;
     Ok(())
 }
 
+// ---- generate ----
+
+fn load_model(path: &Path) -> CliResult<Model> {
+    let gguf = open_gguf(path)?;
+    if gguf.tensors().is_empty() {
+        return Err(format!(
+            "{} has no tensors: it is a vocabulary-only GGUF, not a model; give a model file \
+             (a vocabulary works with `edge-run tokenize`)",
+            path.display()
+        )
+        .into());
+    }
+    Model::from_gguf(gguf).map_err(|e| engine_error(path, e).into())
+}
+
 fn generate(a: GenerateArgs) -> CliResult {
-    let path = a
-        .model
-        .or(a.model_pos)
-        .ok_or("no model given: edge-run MODEL.gguf -p PROMPT (see edge-run --help)")?;
+    let path = a.model.or(a.model_pos).ok_or_else(|| {
+        CliError::usage("no model given: edge-run MODEL.gguf -p PROMPT (see edge-run --help)")
+    })?;
+    if a.system.is_some() && !a.chat {
+        return Err(CliError::usage(
+            "--system only applies to chat: add --chat (or put the instructions in the prompt)",
+        ));
+    }
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?,
-        (None, None) => return Err("no prompt given: use -p PROMPT or -f FILE".into()),
+        (None, Some(f)) => {
+            let bytes = std::fs::read(f)
+                .map_err(|e| format!("{}: cannot read the prompt file: {e}", f.display()))?;
+            String::from_utf8(bytes).map_err(|e| {
+                format!(
+                    "{}: the prompt file is not UTF-8 text (invalid byte at offset {}): convert it to UTF-8",
+                    f.display(),
+                    e.utf8_error().valid_up_to()
+                )
+            })?
+        }
+        (None, None) => {
+            return Err(CliError::usage(
+                "no prompt given: use -p PROMPT or -f FILE (see edge-run --help)",
+            ))
+        }
     };
+    if prompt.is_empty() {
+        let how = if a.prompt.is_some() {
+            "-p"
+        } else {
+            "the -f file"
+        };
+        return Err(CliError::usage(format!(
+            "the prompt is empty: give some text with {how}"
+        )));
+    }
     let sampling = SamplerConfig {
         temperature: a.temp,
         top_k: a.top_k,
@@ -267,61 +544,85 @@ fn generate(a: GenerateArgs) -> CliResult {
         repeat_last_n: a.repeat_last_n,
         seed: a.seed,
     };
-    sampling.validate()?;
+    sampling.validate().map_err(CliError::usage)?;
+
     let t_load = Instant::now();
-    let model = Arc::new(Model::load(&path).map_err(|e| e.to_string())?);
-    log::info!("loaded {} in {:.0} ms", path.display(), t_load.elapsed().as_secs_f64() * 1e3);
+    let model = Arc::new(load_model(&path)?);
+    log::info!(
+        "loaded {} in {:.0} ms",
+        path.display(),
+        t_load.elapsed().as_secs_f64() * 1e3
+    );
+    let n_ctx_train = model.params.n_ctx_train;
+    if let Some(ctx) = a.ctx {
+        if ctx > n_ctx_train {
+            return Err(CliError::usage(format!(
+                "--ctx {ctx} is more than the {n_ctx_train} tokens the model was trained for: use --ctx {n_ctx_train} or less"
+            )));
+        }
+    }
     let tok = &model.tokenizer;
     let text = if a.chat {
-        let source = model
-            .chat_template
-            .as_deref()
-            .ok_or("--chat: the model has no tokenizer.chat_template; run without --chat and format the prompt yourself")?;
-        let piece = |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i)).into_owned());
-        let template = ChatTemplate::new(source, &piece(tok.bos_id()).unwrap_or_default(), &piece(tok.eos_id()).unwrap_or_default())
-            .map_err(|e| format!("chat template: {e}"))?;
+        let source = model.chat_template.as_deref().ok_or_else(|| {
+            format!(
+                "--chat: {} has no tokenizer.chat_template; run without --chat and format the prompt yourself",
+                path.display()
+            )
+        })?;
+        let piece = |id: Option<u32>| {
+            id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i)).into_owned())
+        };
+        let template = ChatTemplate::new(
+            source,
+            &piece(tok.bos_id()).unwrap_or_default(),
+            &piece(tok.eos_id()).unwrap_or_default(),
+        )
+        .map_err(|e| format!("--chat: the model's chat template: {e}"))?;
         let mut messages = Vec::new();
         if let Some(system) = &a.system {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: system.clone(),
-            });
+            messages.push(ChatMessage::new("system", system.clone()));
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: prompt,
-        });
+        messages.push(ChatMessage::new("user", prompt));
         template
             .render(&messages, true)
-            .map_err(|e| format!("chat template: {e}"))?
+            .map_err(|e| format!("--chat: the model's chat template: {e}"))?
     } else {
         prompt
     };
-    let add_special = tok.add_bos();
-    let ids = tok.encode(&text, add_special, true).map_err(|e| e.to_string())?;
+    let ids = tok
+        .encode(&text, tok.add_bos(), true)
+        .map_err(|e| format!("tokenizing the prompt: {e}"))?;
     if ids.is_empty() {
-        return Err("the prompt is empty: give some text with -p".into());
+        return Err(CliError::usage(
+            "the prompt has no tokens: give some text with -p",
+        ));
     }
     let cfg = SessionConfig {
-        ctx: a.ctx.map(|c| c as usize),
-        ubatch: a.ubatch.map(|u| u as usize),
-        threads: a.threads.map(|t| t as usize),
+        ctx: a.ctx,
+        ubatch: a.ubatch,
+        threads: a.threads,
     };
-    let mut session = Session::new(Arc::clone(&model), &cfg).map_err(|e| e.to_string())?;
+    let mut session = Session::new(Arc::clone(&model), &cfg)
+        .map_err(|e| format!("cannot set up the session: {e} (try a smaller --ctx or --ubatch)"))?;
     if ids.len() > session.ctx() {
-        return Err(format!(
-            "the prompt has {} tokens but the context holds {}: use --ctx {} or more (the model supports {}), or shorten the prompt",
+        let want = (ids.len() + a.n_predict.max(1)).min(n_ctx_train);
+        let fix = if ids.len() < n_ctx_train {
+            format!("use --ctx {want} or more (the model supports up to {n_ctx_train}) or shorten the prompt")
+        } else {
+            format!("shorten the prompt (the model supports at most {n_ctx_train} tokens)")
+        };
+        return Err(CliError::usage(format!(
+            "the prompt has {} tokens but the context holds {}: {fix}",
             ids.len(),
-            session.ctx(),
-            ids.len() + a.n_predict,
-            model.params.n_ctx_train
-        ));
+            session.ctx()
+        )));
     }
     let mut sampler = Sampler::new(sampling, model.params.n_vocab);
     for &id in &ids {
         sampler.accept(id);
     }
     let mut stdout = std::io::stdout().lock();
+    let write_err = |e: std::io::Error| CliError::from(format!("writing output: {e}"));
     let mut stream = StreamDecoder::new();
     let t_prompt = Instant::now();
     let mut next = sampler.sample(session.prefill(&ids).map_err(|e| e.to_string())?);
@@ -337,8 +638,8 @@ fn generate(a: GenerateArgs) -> CliResult {
         sampler.accept(next);
         n_gen += 1;
         if let Some(s) = stream.push(next, tok) {
-            stdout.write_all(s.as_bytes()).map_err(|e| format!("writing output: {e}"))?;
-            stdout.flush().map_err(|e| format!("writing output: {e}"))?;
+            stdout.write_all(s.as_bytes()).map_err(write_err)?;
+            stdout.flush().map_err(write_err)?;
         }
         if n_gen == a.n_predict {
             break;
@@ -350,9 +651,9 @@ fn generate(a: GenerateArgs) -> CliResult {
         next = sampler.sample(session.step(next).map_err(|e| e.to_string())?);
     }
     if let Some(rest) = stream.flush() {
-        stdout.write_all(rest.as_bytes()).map_err(|e| format!("writing output: {e}"))?;
+        stdout.write_all(rest.as_bytes()).map_err(write_err)?;
     }
-    stdout.flush().map_err(|e| format!("writing output: {e}"))?;
+    stdout.flush().map_err(write_err)?;
     let gen_s = t_gen.elapsed().as_secs_f64();
     eprintln!(
         "\n[edge-run] prompt: {} tokens in {:.0} ms ({:.1} tok/s); generated: {} tokens in {:.0} ms ({:.1} tok/s); stopped: {stop}",

@@ -70,9 +70,11 @@ unsafe fn load_q8(qs: &[i8; 32]) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1_q8_1_impl(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); 2];
+    // One accumulator, lanes = elements 4k..4k+3, `m*s` summed apart and added last: ggml's
+    // order, so results match llama.cpp's bit for bit (see ggml_order).
+    let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
-    for (k, (bw, bx)) in w.iter().zip(x).enumerate() {
+    for (bw, bx) in w.iter().zip(x) {
         let h = f16x4(
             [bw.d[0], bw.d[1], bw.m[0], bw.m[1]],
             [bx.d[0], bx.d[1], bx.s[0], bx.s[1]],
@@ -81,11 +83,10 @@ unsafe fn dot_q4_1_q8_1_impl(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
         let p = _mm_mul_ps(h, _mm_movehl_ps(h, h));
         acc_m = _mm_add_ps(acc_m, p);
         let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(&bw.qs), load_q8(&bx.qs)), ones);
-        let a = &mut acc[k & 1];
-        *a = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(prod), *a);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(prod), acc);
     }
     let m = _mm_cvtss_f32(_mm_shuffle_ps(acc_m, acc_m, 1));
-    hsum(_mm256_add_ps(acc[0], acc[1])) + m
+    hsum(acc) + m
 }
 
 /// Q4_0 . Q8_0: `sum (q - 8) * x = sum q*x - 8 * sum x`, both with `maddubs` on unsigned left
@@ -94,8 +95,8 @@ unsafe fn dot_q4_1_q8_1_impl(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
 unsafe fn dot_q4_0_q8_0_impl(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
     let ones = _mm256_set1_epi16(1);
     let eights = _mm256_set1_epi8(8);
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (k, (bw, bx)) in w.iter().zip(x).enumerate() {
+    let mut acc = _mm256_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
         let h = f16x4([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
         let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
         let y = load_q8(&bx.qs);
@@ -103,18 +104,20 @@ unsafe fn dot_q4_0_q8_0_impl(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
         let qx = _mm256_maddubs_epi16(nibbles(&bw.qs), y);
         let ex = _mm256_maddubs_epi16(eights, y);
         let prod = _mm256_madd_epi16(_mm256_sub_epi16(qx, ex), ones);
-        let a = &mut acc[k & 1];
-        *a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), *a);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc);
     }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
+    hsum(acc)
 }
 
 /// Q8_0 . Q8_0: both sides sign-extended to i16 and multiplied with `madd` (exact for all i8
 /// values, unlike the `sign`/`maddubs` trick which breaks on -128 * -128).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (k, (bw, bx)) in w.iter().zip(x).enumerate() {
+    let mut acc = _mm256_setzero_ps();
+    // ggml's lanes hold elements 4k..4k+3; `hadd` of the pair sums then a lane permute gives
+    // exactly those groups.
+    let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    for (bw, bx) in w.iter().zip(x) {
         let h = f16x4([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
         let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
         let a8 = load_q8(&bw.qs);
@@ -127,11 +130,10 @@ unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
             _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a8, 1)),
             _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b8, 1)),
         );
-        let prod = _mm256_add_epi32(lo, hi);
-        let a = &mut acc[k & 1];
-        *a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), *a);
+        let prod = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), order);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc);
     }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
+    hsum(acc)
 }
 
 /// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same

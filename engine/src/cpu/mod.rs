@@ -26,6 +26,7 @@ mod avx2;
 mod bf16;
 mod f16;
 mod f32;
+pub mod ggml_order;
 mod ops;
 mod q4_0;
 mod q4_1;

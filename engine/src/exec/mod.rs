@@ -62,6 +62,11 @@ impl KvCache {
     }
 }
 
+/// Whether `EDGE_RUN_DUMP` asks for a per-op trace of values (a debugging aid).
+fn dump_enabled() -> bool {
+    std::env::var_os("EDGE_RUN_DUMP").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 /// A graph with its arena offsets.
 pub struct PlannedGraph {
     /// The graph.
@@ -70,12 +75,11 @@ pub struct PlannedGraph {
     pub offsets: Vec<usize>,
 }
 
-/// Per-thread scratch: room for one head's query and accumulator and one tile of scores.
-pub const ATTENTION_TILE: usize = 32;
-
-/// Bytes of scratch one thread needs for heads of `head_dim`.
-pub fn scratch_bytes_per_thread(head_dim: usize) -> usize {
-    (2 * head_dim + ATTENTION_TILE) * 4
+/// Bytes of scratch one thread needs for attention over `ctx` positions with heads of
+/// `head_dim`: one row of scores (one head, one token), the query, and the ordered
+/// accumulators of the output (64 lanes per output element; see [`cpu::ggml_order`]).
+pub fn scratch_bytes_per_thread(ctx: usize, head_dim: usize) -> usize {
+    (ctx + head_dim + head_dim * 4 * cpu::ggml_order::LANES) * 4
 }
 
 /// Everything a run touches besides the model.
@@ -99,8 +103,14 @@ pub struct RunArgs<'a> {
 
 impl Executor {
     /// An executor with an arena of `arena_bytes` and `n_threads` threads.
-    pub fn new(arena_bytes: usize, n_threads: usize, head_dim: usize, kernels: Kernels) -> Result<Executor, String> {
-        let scratch_per_thread = scratch_bytes_per_thread(head_dim).next_multiple_of(memory::ALIGN);
+    pub fn new(
+        arena_bytes: usize,
+        n_threads: usize,
+        ctx: usize,
+        head_dim: usize,
+        kernels: Kernels,
+    ) -> Result<Executor, String> {
+        let scratch_per_thread = scratch_bytes_per_thread(ctx, head_dim).next_multiple_of(memory::ALIGN);
         Ok(Executor {
             pool: ThreadPool::new(n_threads),
             barrier: SpinBarrier::new(n_threads.max(1)),
@@ -137,6 +147,7 @@ impl Executor {
         assert!(args.tokens.len() <= pg.graph.ubatch && !args.tokens.is_empty());
         assert!(args.pos0 + args.tokens.len() <= kv.ctx);
         let n = self.n_threads();
+        let dump = dump_enabled();
         self.pool.run(&|tid| {
             for op in &pg.graph.ops {
                 let ctx = OpCtx {
@@ -150,8 +161,30 @@ impl Executor {
                 };
                 ctx.run(op);
                 self.barrier.wait();
+                if dump && tid == 0 {
+                    self.dump_value(pg, op, args.tokens.len());
+                }
             }
         })
+    }
+
+    /// Prints the first and last values and the sum of an op's output (last row) to stderr,
+    /// in the format of llama.cpp's `llama-eval-callback`, to locate numeric differences.
+    fn dump_value(&self, pg: &PlannedGraph, op: &Op, n_tokens: usize) {
+        let Some(o) = op.output() else { return };
+        let v = &pg.graph.values[o.0];
+        if v.ty != crate::graph::ValueType::F32 || v.cols < 6 {
+            return;
+        }
+        let row = v.rows.min(n_tokens) - 1;
+        // SAFETY: called between ops, after the barrier, by one thread: nothing writes the arena.
+        let x = unsafe { self.arena.slice::<f32>(pg.offsets[o.0] + row * v.cols * 4, v.cols) };
+        let sum: f64 = x.iter().map(|&a| f64::from(a)).sum();
+        let c = v.cols;
+        eprintln!(
+            "{:32} [{:.4}, {:.4}, {:.4}, ..., {:.4}, {:.4}, {:.4}] sum = {:.6}",
+            v.name, x[0], x[1], x[2], x[c - 3], x[c - 2], x[c - 1], sum
+        );
     }
 
     /// The f32 contents of `value` (first `rows` rows), e.g. the logits after a run.
@@ -272,7 +305,10 @@ impl OpCtx<'_> {
                 let cols = self.cols(out);
                 for t in self.share(self.rows_of(out), 1) {
                     let (g, u) = (self.input(gate, t..t + 1), self.input(up, t..t + 1));
-                    cpu::swiglu(g, u, self.output(out, t, 0..cols));
+                    // ggml's SiLU uses its own exp polynomial; follow it (see cpu::ggml_order).
+                    for ((o, &g), &u) in self.output(out, t, 0..cols).iter_mut().zip(g).zip(u) {
+                        *o = cpu::ggml_order::silu(g) * u;
+                    }
                 }
             }
             Op::TakeLast { x, out } => {
@@ -319,7 +355,7 @@ impl OpCtx<'_> {
         };
         for t in self.share(self.rows_of(out), 1) {
             // Lengths come from the graph, built with whole blocks; an error would be a bug.
-            let _ = cpu::quantize_row(ty, self.input(x, t..t + 1), self.output_bytes(out, t));
+            let _ = self.exec.kernels.quantize_row(ty, self.input(x, t..t + 1), self.output_bytes(out, t));
         }
     }
 
@@ -372,8 +408,9 @@ impl OpCtx<'_> {
                         RopeOrdering::NeoX => (base + i, base + i + half),
                     };
                     let (x0, x1) = (src[a], src[b]);
-                    dst[a] = x0 * cos - x1 * sin;
-                    dst[b] = x0 * sin + x1 * cos;
+                    // Fused as GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
+                    dst[a] = x0.mul_add(cos, -(x1 * sin));
+                    dst[b] = x0.mul_add(sin, x1 * cos);
                 }
                 theta *= theta_scale;
             }
@@ -398,6 +435,11 @@ impl OpCtx<'_> {
         }
     }
 
+    /// Attention for row t, head h, reproducing llama.cpp's non-flash CPU path: scores
+    /// `K·f16(q)`, `softmax(scores * scale)` in f32 with its exp and sums, probabilities rounded
+    /// to f16, then `V·p`; the dot products are added in the order ggml uses for one token
+    /// (`ggml_vec_dot_f16`) or for a batch (tinyBLAS), see [`cpu::ggml_order`]. One row of scores
+    /// per thread; no score matrix.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -409,77 +451,81 @@ impl OpCtx<'_> {
         scale: f32,
         out: ValueId,
     ) {
+        use cpu::ggml_order::{self as order, LANES, STEP_LANES};
         let group = n_head / n_head_kv;
         let n_tok = self.n_tokens();
+        let batch = n_tok > 1;
+        let width = if batch { LANES } else { STEP_LANES };
         let kv_dim = self.kv.kv_dim;
+        let ctx = self.kv.ctx;
         let scratch = self.scratch();
-        let (qh, rest) = scratch.split_at_mut(head_dim);
-        let (acc, rest) = rest.split_at_mut(head_dim);
-        let scores = &mut rest[..ATTENTION_TILE];
+        let (scores, rest) = scratch.split_at_mut(ctx);
+        let (qh, rest) = rest.split_at_mut(head_dim);
+        let accs = &mut rest[..head_dim * width];
         for job in self.share(n_tok * n_head, 1) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
             let n_pos = self.args.pos0 + t + 1;
-            // The query is rounded to f16 as the reference does before its f16 K·Q products.
-            for (d, s) in qh.iter_mut().zip(&self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim]) {
+            // ggml converts the query to f16 before its f16 K·Q product.
+            for (d, s) in qh
+                .iter_mut()
+                .zip(&self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim])
+            {
                 *d = f16::from_f32(*s).to_f32();
             }
-            // Pass 1, tile by tile: the maximum score and the softmax denominator, rescaled
-            // online whenever the maximum grows. No score buffer longer than a tile exists.
             let mut max = f32::NEG_INFINITY;
+            for (p, s) in scores[..n_pos].iter_mut().enumerate() {
+                // SAFETY: the cache is only read during attention: StoreKv wrote it before the
+                // barrier that precedes this op, and nothing writes it until the next StoreKv.
+                let krow = unsafe {
+                    self.kv
+                        .mem
+                        .slice::<f16>(self.kv.row_offset(layer, false, p), kv_dim)
+                };
+                let k = &krow[kvh * head_dim..(kvh + 1) * head_dim];
+                let dot = if batch {
+                    order::dot_f16_tinyblas(k, qh)
+                } else {
+                    order::dot_f16_ggml(k, qh)
+                };
+                *s = dot * scale;
+                max = max.max(*s);
+            }
+            // exp(s - max), summed 16 at a time in f64 (ggml_vec_soft_max_f32).
             let mut sum = 0.0f64;
-            let mut p0 = 0;
-            while p0 < n_pos {
-                let tile = (n_pos - p0).min(ATTENTION_TILE);
-                self.scores(layer, kvh, head_dim, scale, qh, p0, &mut scores[..tile]);
-                let tile_max = scores[..tile].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                if tile_max > max {
-                    sum *= f64::from((max - tile_max).exp());
-                    max = tile_max;
+            for chunk in scores[..n_pos].chunks_mut(LANES) {
+                let mut lanes = [0.0f32; LANES];
+                for (l, s) in chunk.iter_mut().enumerate() {
+                    *s = order::expf(*s - max);
+                    lanes[l] = *s;
                 }
-                sum += scores[..tile].iter().map(|&s| f64::from((s - max).exp())).sum::<f64>();
-                p0 += tile;
+                sum += f64::from(order::reduce16(&lanes));
             }
-            // Pass 2: recompute the scores, turn them into probabilities and accumulate V.
-            // Probabilities are rounded to f16, as the reference rounds them before its f16
-            // V·P product: attention is sensitive enough that this rounding shows in the logits.
-            let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
-            acc.fill(0.0);
-            let mut p0 = 0;
-            while p0 < n_pos {
-                let tile = (n_pos - p0).min(ATTENTION_TILE);
-                self.scores(layer, kvh, head_dim, scale, qh, p0, &mut scores[..tile]);
-                for (j, &s) in scores[..tile].iter().enumerate() {
-                    let p = f16::from_f32((s - max).exp() * inv).to_f32();
-                    // SAFETY: the cache is only read during attention (see `scores`).
-                    let vrow = unsafe {
-                        self.kv
-                            .mem
-                            .slice::<f16>(self.kv.row_offset(layer, true, p0 + j), kv_dim)
-                    };
-                    cpu::axpy_f16(acc, p, &vrow[kvh * head_dim..(kvh + 1) * head_dim]);
+            let inv = (1.0 / sum) as f32;
+            // V·p with p rounded to f16, one ordered accumulator per output element.
+            accs.fill(0.0);
+            for (p, s) in scores[..n_pos].iter().enumerate() {
+                let prob = f16::from_f32(*s * inv).to_f32();
+                // SAFETY: read-only, as above.
+                let vrow = unsafe {
+                    self.kv
+                        .mem
+                        .slice::<f16>(self.kv.row_offset(layer, true, p), kv_dim)
+                };
+                for (acc, v) in accs
+                    .chunks_exact_mut(width)
+                    .zip(&vrow[kvh * head_dim..(kvh + 1) * head_dim])
+                {
+                    order::accumulate(acc, p, v.to_f32(), prob);
                 }
-                p0 += tile;
             }
-            self.output(out, t, h * head_dim..(h + 1) * head_dim)
-                .copy_from_slice(acc);
-        }
-    }
-
-    /// Scores of query head `qh` (already f16-rounded) against keys `p0..p0+out.len()` of KV head
-    /// `kvh` of `layer`, times `scale`.
-    #[allow(clippy::too_many_arguments)]
-    fn scores(&self, layer: usize, kvh: usize, head_dim: usize, scale: f32, qh: &[f32], p0: usize, out: &mut [f32]) {
-        let kv_dim = self.kv.kv_dim;
-        for (j, s) in out.iter_mut().enumerate() {
-            // SAFETY: the cache is only read during attention: StoreKv wrote it before the
-            // barrier that precedes this op, and nothing writes it until the next StoreKv.
-            let krow = unsafe {
-                self.kv
-                    .mem
-                    .slice::<f16>(self.kv.row_offset(layer, false, p0 + j), kv_dim)
-            };
-            *s = cpu::dot_f16_f32(&krow[kvh * head_dim..(kvh + 1) * head_dim], qh) * scale;
+            for (o, acc) in self
+                .output(out, t, h * head_dim..(h + 1) * head_dim)
+                .iter_mut()
+                .zip(accs.chunks_exact(width))
+            {
+                *o = order::accumulated_sum(acc);
+            }
         }
     }
 }

@@ -1,0 +1,196 @@
+//! The float evaluation order of llama.cpp's x86-64 CPU backend (AVX-512 build), reproduced in
+//! portable code.
+//!
+//! Why: llama.cpp's outputs define correct, and a 30-layer model amplifies last-bit differences
+//! (an activation that lands on the other side of a q8 rounding boundary, an attention
+//! probability that rounds to a different f16) into logit differences of tenths, enough to flip
+//! greedy choices at near-ties. Products are exact in both engines; what differs is the order in
+//! which floats are added and where they are rounded. So the kernels here add in the same order
+//! as ggml's SIMD code on the machine the reference data was made on:
+//!
+//! * `ggml_vec_dot_f16` (single-token attention): four 16-lane FMA accumulators over steps of 64
+//!   elements, folded `(a0 + a2) + (a1 + a3)`, then a 16-lane tree reduction.
+//! * llamafile's `tinyBLAS` f16 GEMM (attention over a batch of two or more tokens): one 16-lane
+//!   FMA chain over the inner dimension, then the same tree reduction.
+//! * `ggml_v_expf` (softmax and SiLU): the ARM optimized-routines polynomial llama.cpp uses,
+//!   evaluated with the same fused operations; it differs from a correctly rounded `expf` in
+//!   the last bit for some inputs.
+//!
+//! The order is reproduced, not the instructions: these are scalar loops (the compiler may
+//! vectorize them; fused multiply-adds are exact whatever unit runs them).
+
+use half::f16;
+
+/// Lanes of an AVX-512 float vector.
+pub const LANES: usize = 16;
+
+/// `_mm512_reduce_add_ps` as GCC implements it: halves added pairwise down to 4 lanes, then
+/// `(t0 + t2) + (t1 + t3)`.
+#[inline]
+pub fn reduce16(a: &[f32; LANES]) -> f32 {
+    let mut t3 = [0.0f32; 8];
+    for i in 0..8 {
+        t3[i] = a[i + 8] + a[i];
+    }
+    let mut t6 = [0.0f32; 4];
+    for i in 0..4 {
+        t6[i] = t3[i + 4] + t3[i];
+    }
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// `ggml_vec_dot_f16(n, a, b)` of the AVX-512 build: sum of `a[i] * b[i]` in ggml's order.
+/// `b` holds f16 values widened to f32 (ggml converts that operand to f16 first).
+pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    const STEP: usize = 4 * LANES;
+    let n = a.len().min(b.len());
+    let np = n - n % STEP;
+    let mut acc = [[0.0f32; LANES]; 4];
+    let mut i = 0;
+    while i < np {
+        for (j, acc_j) in acc.iter_mut().enumerate() {
+            let base = i + j * LANES;
+            for (l, s) in acc_j.iter_mut().enumerate() {
+                *s = a[base + l].to_f32().mul_add(b[base + l], *s);
+            }
+        }
+        i += STEP;
+    }
+    let mut folded = [0.0f32; LANES];
+    for l in 0..LANES {
+        folded[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = f64::from(reduce16(&folded));
+    for k in np..n {
+        sum += f64::from(a[k].to_f32() * b[k]);
+    }
+    sum as f32
+}
+
+/// One element of llamafile's tinyBLAS f16 GEMM of the AVX-512 build: a single 16-lane FMA
+/// chain over `k` (a multiple of 16 there; a shorter tail is folded into the lanes it would
+/// occupy), then the tree reduction.
+pub fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; LANES];
+    for k in 0..n {
+        let l = k % LANES;
+        acc[l] = a[k].to_f32().mul_add(b[k], acc[l]);
+    }
+    reduce16(&acc)
+}
+
+/// Width of the accumulator of a dot product built one term at a time: term `k` goes to slot
+/// `k % width`. tinyBLAS order uses one 16-lane vector ([`LANES`]); `ggml_vec_dot_f16` order
+/// uses four ([`STEP_LANES`], valid when the full length is a multiple of 64, as llama.cpp's
+/// padded KV length is: the missing terms are zeros, which change nothing).
+pub const STEP_LANES: usize = 4 * LANES;
+
+/// Adds `a * b` as term number `k` of an ordered dot product accumulating in `acc` (16 or 64
+/// slots).
+#[inline]
+pub fn accumulate(acc: &mut [f32], k: usize, a: f32, b: f32) {
+    let slot = k % acc.len();
+    acc[slot] = a.mul_add(b, acc[slot]);
+}
+
+/// The sum of an accumulator filled by [`accumulate`]: 64 slots are folded as
+/// `ggml_vec_dot_f16` folds its four vectors, then the 16 lanes are tree-reduced.
+pub fn accumulated_sum(acc: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    if acc.len() == STEP_LANES {
+        for (l, x) in lanes.iter_mut().enumerate() {
+            *x = (acc[l] + acc[2 * LANES + l]) + (acc[LANES + l] + acc[3 * LANES + l]);
+        }
+    } else {
+        lanes.copy_from_slice(&acc[..LANES]);
+    }
+    reduce16(&lanes)
+}
+
+/// `ggml_v_expf`: e^x with llama.cpp's polynomial (max error about 1.5 ulp), operation for
+/// operation.
+#[inline]
+pub fn expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
+    let n = z - r;
+    // fnmadd(a, b, c) = c - a*b, fused.
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(u, f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)))
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // _mm512_scalef_ps: j * 2^n, rounded once (the f64 product is exact).
+    (f64::from(j) * 2f64.powi(n as i32)) as f32
+}
+
+/// `ggml_v_silu`: x / (1 + e^-x) with [`expf`].
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + expf(0.0 - x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expf_is_close_to_exp_and_handles_extremes() {
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let (want, got) = (x.exp(), expf(x));
+            assert!(((got - want) / want).abs() < 4e-7, "x={x}: {got} vs {want}");
+            x += 0.37;
+        }
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf(0.0), 1.0);
+        assert_eq!(expf(200.0), f32::INFINITY);
+        assert_eq!(expf(-200.0), 0.0);
+    }
+
+    #[test]
+    fn reduce16_order() {
+        // 2^24 + 1 + 1 loses both ones when added in a bad order; the tree pairs lanes
+        // (0, 8), (4, 12), then (0, 4): lanes 0 and 8 hold the ones, lane 4 the big value.
+        let mut a = [0.0f32; LANES];
+        a[0] = 1.0;
+        a[8] = 1.0;
+        a[4] = 16_777_216.0;
+        assert_eq!(reduce16(&a), 16_777_218.0);
+        let mut b = [0.0f32; LANES];
+        b[0] = 1.0;
+        b[1] = 1.0;
+        b[4] = 16_777_216.0;
+        // lane 1 meets the big value only at the last add, lane 0 before: 2^24 + 1 rounds to
+        // 2^24 (ties to even), then + 1 again.
+        assert_eq!(reduce16(&b), 16_777_216.0);
+    }
+
+    #[test]
+    fn dots_agree_with_exact_sums_on_small_integers() {
+        let a: Vec<f16> = (0..256).map(|i| f16::from_f32((i % 7) as f32 - 3.0)).collect();
+        let b: Vec<f32> = (0..256).map(|i| (i % 5) as f32 - 2.0).collect();
+        let exact: f32 = a.iter().zip(&b).map(|(x, y)| x.to_f32() * y).sum();
+        assert_eq!(dot_f16_ggml(&a, &b), exact);
+        assert_eq!(dot_f16_tinyblas(&a, &b), exact);
+        let mut lane = [0.0f32; LANES];
+        let mut step = [0.0f32; STEP_LANES];
+        for k in 0..256 {
+            accumulate(&mut lane, k, a[k].to_f32(), b[k]);
+            accumulate(&mut step, k, a[k].to_f32(), b[k]);
+        }
+        assert_eq!(accumulated_sum(&lane), exact);
+        assert_eq!(accumulated_sum(&step), exact);
+        assert_eq!(dot_f16_ggml(&a[..70], &b[..70]), a[..70].iter().zip(&b[..70]).map(|(x, y)| x.to_f32() * y).sum::<f32>());
+    }
+}

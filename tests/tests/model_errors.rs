@@ -1,0 +1,755 @@
+//! Bad models and bad session input at the library level: tiny synthetic Llama GGUFs written
+//! with `GgufWriter` (a complete valid one that loads and runs, then one defect at a time), each
+//! of which must give its specific `EngineError` variant naming the tensor or key, never a
+//! panic; and a session's limits (context, vocabulary) as errors.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use edge_engine::error::EngineError;
+use edge_engine::gguf::{GgufError, GgufWriter, MetaValue};
+use edge_engine::model::Model;
+use edge_engine::session::{Session, SessionConfig};
+use edge_engine::tensor::GgmlType;
+
+// ---------------------------------------------------------------- a tiny model
+
+/// GPT-2's byte-to-unicode map: printable bytes map to themselves, the rest to U+0100...
+fn byte_to_unicode() -> Vec<char> {
+    let mut map = vec!['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        map[b as usize] = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+    }
+    map
+}
+
+/// A small byte-level BPE vocabulary: the 256 byte symbols, a few merges, `<|endoftext|>`.
+struct Vocab {
+    tokens: Vec<String>,
+    types: Vec<i32>,
+    merges: Vec<String>,
+    eos: u32,
+}
+
+fn vocab() -> Vocab {
+    let mut tokens: Vec<String> = byte_to_unicode().into_iter().map(String::from).collect();
+    let mut types = vec![1; 256];
+    let merges: Vec<String> = ["Ġ t", "h e", "Ġt he", "Ġ c", "a t", "Ġc at", "i s"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for m in &merges {
+        tokens.push(m.replace(' ', ""));
+        types.push(1);
+    }
+    tokens.push("<|endoftext|>".into());
+    types.push(3);
+    let eos = tokens.len() as u32 - 1;
+    Vocab {
+        tokens,
+        types,
+        merges,
+        eos,
+    }
+}
+
+/// Deterministic pseudo-random numbers (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn f32_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+
+/// Random q8_0 data for `n` elements (n a multiple of 32): scale 2^-10 (exact in f16, bits
+/// 0x1400), quants in [-100, 100], so values lie in about [-0.1, 0.1].
+fn q8_0_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    assert_eq!(n % 32, 0);
+    let mut out = Vec::with_capacity(n / 32 * 34);
+    for _ in 0..n / 32 {
+        out.extend_from_slice(&0x1400u16.to_le_bytes());
+        for _ in 0..32 {
+            out.push(((rng.next() % 201) as i32 - 100) as i8 as u8);
+        }
+    }
+    out
+}
+
+/// Hyper-parameters of the synthetic model.
+#[derive(Clone, Copy)]
+struct Dims {
+    n_layer: usize,
+    n_embd: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    n_ff: usize,
+    n_ctx_train: usize,
+}
+
+const DIMS: Dims = Dims {
+    n_layer: 2,
+    n_embd: 64,
+    n_head: 4,
+    n_head_kv: 2,
+    n_ff: 128,
+    n_ctx_train: 64,
+};
+
+struct T {
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+    data: Vec<u8>,
+}
+
+/// A model's metadata and tensors, to be changed by a test before writing.
+struct Parts {
+    meta: Vec<(String, MetaValue)>,
+    tensors: Vec<T>,
+}
+
+impl Parts {
+    /// A complete, valid Llama model: f32 embedding table (tied output head) and norms, q8_0
+    /// projections.
+    fn llama(d: Dims) -> Parts {
+        let v = vocab();
+        let n_vocab = v.tokens.len();
+        let mut meta: Vec<(String, MetaValue)> = Vec::new();
+        let mut kv = |k: &str, val: MetaValue| meta.push((k.to_string(), val));
+        let u = |x: usize| MetaValue::U32(x as u32);
+        kv("general.architecture", MetaValue::String("llama".into()));
+        kv("general.name", MetaValue::String("tiny-test-llama".into()));
+        kv("llama.block_count", u(d.n_layer));
+        kv("llama.context_length", u(d.n_ctx_train));
+        kv("llama.embedding_length", u(d.n_embd));
+        kv("llama.feed_forward_length", u(d.n_ff));
+        kv("llama.attention.head_count", u(d.n_head));
+        kv("llama.attention.head_count_kv", u(d.n_head_kv));
+        kv(
+            "llama.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(1e-5),
+        );
+        kv("llama.rope.freq_base", MetaValue::F32(10000.0));
+        kv("tokenizer.ggml.model", MetaValue::String("gpt2".into()));
+        kv("tokenizer.ggml.pre", MetaValue::String("gpt-2".into()));
+        let strings = |xs: &[String]| {
+            MetaValue::Array(xs.iter().map(|s| MetaValue::String(s.clone())).collect())
+        };
+        kv("tokenizer.ggml.tokens", strings(&v.tokens));
+        kv(
+            "tokenizer.ggml.token_type",
+            MetaValue::Array(v.types.iter().map(|&t| MetaValue::I32(t)).collect()),
+        );
+        kv("tokenizer.ggml.merges", strings(&v.merges));
+        kv("tokenizer.ggml.bos_token_id", MetaValue::U32(v.eos));
+        kv("tokenizer.ggml.eos_token_id", MetaValue::U32(v.eos));
+
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let (e, ff) = (d.n_embd as u64, d.n_ff as u64);
+        let head_dim = d.n_embd / d.n_head;
+        let q = (d.n_head * head_dim) as u64;
+        let kvd = (d.n_head_kv * head_dim) as u64;
+        let mut tensors = Vec::new();
+        let embd: Vec<f32> = (0..d.n_embd * n_vocab).map(|_| 0.5 * rng.unit()).collect();
+        tensors.push(T {
+            name: "token_embd.weight".into(),
+            dims: vec![e, n_vocab as u64],
+            ty: GgmlType::F32,
+            data: f32_bytes(embd),
+        });
+        for l in 0..d.n_layer {
+            let norm = |name: &str| T {
+                name: format!("blk.{l}.{name}.weight"),
+                dims: vec![e],
+                ty: GgmlType::F32,
+                data: f32_bytes(std::iter::repeat_n(1.0, d.n_embd)),
+            };
+            tensors.push(norm("attn_norm"));
+            for (name, dims) in [
+                ("attn_q", [e, q]),
+                ("attn_k", [e, kvd]),
+                ("attn_v", [e, kvd]),
+                ("attn_output", [q, e]),
+            ] {
+                tensors.push(T {
+                    name: format!("blk.{l}.{name}.weight"),
+                    dims: dims.to_vec(),
+                    ty: GgmlType::Q8_0,
+                    data: q8_0_bytes(&mut rng, (dims[0] * dims[1]) as usize),
+                });
+            }
+            tensors.push(norm("ffn_norm"));
+            for (name, dims) in [
+                ("ffn_gate", [e, ff]),
+                ("ffn_up", [e, ff]),
+                ("ffn_down", [ff, e]),
+            ] {
+                tensors.push(T {
+                    name: format!("blk.{l}.{name}.weight"),
+                    dims: dims.to_vec(),
+                    ty: GgmlType::Q8_0,
+                    data: q8_0_bytes(&mut rng, (dims[0] * dims[1]) as usize),
+                });
+            }
+        }
+        tensors.push(T {
+            name: "output_norm.weight".into(),
+            dims: vec![e],
+            ty: GgmlType::F32,
+            data: f32_bytes(std::iter::repeat_n(1.0, d.n_embd)),
+        });
+        Parts { meta, tensors }
+    }
+
+    fn set(&mut self, key: &str, value: MetaValue) -> &mut Self {
+        match self.meta.iter_mut().find(|(k, _)| k == key) {
+            Some((_, v)) => *v = value,
+            None => self.meta.push((key.to_string(), value)),
+        }
+        self
+    }
+
+    fn remove(&mut self, key: &str) -> &mut Self {
+        let before = self.meta.len();
+        self.meta.retain(|(k, _)| k != key);
+        assert_eq!(self.meta.len(), before - 1, "no key {key}");
+        self
+    }
+
+    fn tensor(&mut self, name: &str) -> &mut T {
+        self.tensors
+            .iter_mut()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"))
+    }
+
+    fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        let before = self.tensors.len();
+        self.tensors.retain(|t| t.name != name);
+        assert_eq!(self.tensors.len(), before - 1, "no tensor {name}");
+        self
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut w = GgufWriter::new();
+        for (k, v) in &self.meta {
+            w.add(k, v.clone());
+        }
+        for t in &self.tensors {
+            w.add_tensor(&t.name, &t.dims, t.ty, t.data.clone());
+        }
+        w.to_bytes()
+    }
+}
+
+/// A directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "edge-run-model-errors-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes `parts` to a file and loads it the way the CLI does.
+fn load(parts: &Parts) -> Result<Model, EngineError> {
+    let dir = TempDir::new();
+    let path = dir.write("model.gguf", &parts.bytes());
+    Model::load(&path)
+}
+
+fn load_err(parts: &Parts) -> EngineError {
+    match load(parts) {
+        Ok(m) => panic!("expected an error, the model loaded: {m:?}"),
+        Err(e) => e,
+    }
+}
+
+fn with(f: impl FnOnce(&mut Parts)) -> Parts {
+    let mut p = Parts::llama(DIMS);
+    f(&mut p);
+    p
+}
+
+fn session(model: &Arc<Model>, ctx: usize, ubatch: usize) -> Session {
+    Session::new(
+        model.clone(),
+        &SessionConfig {
+            ctx: Some(ctx),
+            ubatch: Some(ubatch),
+            threads: Some(1),
+        },
+    )
+    .expect("session")
+}
+
+fn tiny_model() -> Arc<Model> {
+    Arc::new(load(&Parts::llama(DIMS)).expect("the tiny model loads"))
+}
+
+fn assert_finite(logits: &[f32], n_vocab: usize) {
+    assert_eq!(logits.len(), n_vocab);
+    assert!(logits.iter().all(|x| x.is_finite()), "{logits:?}");
+    assert!(logits.iter().any(|&x| x != logits[0]), "constant logits");
+}
+
+// ---------------------------------------------------------------- the valid model
+
+#[test]
+fn tiny_model_loads_and_runs() {
+    let model = tiny_model();
+    let p = &model.params;
+    assert_eq!(
+        (
+            p.n_layer,
+            p.n_embd,
+            p.n_head,
+            p.n_head_kv,
+            p.head_dim,
+            p.n_ff
+        ),
+        (2, 64, 4, 2, 16, 128)
+    );
+    assert_eq!(p.n_vocab, vocab().tokens.len());
+    assert_eq!(p.n_ctx_train, 64);
+
+    let ids = model
+        .tokenizer
+        .encode("the cat is the cat", false, false)
+        .unwrap();
+    assert!(ids.len() >= 5, "{ids:?}");
+    assert_eq!(model.tokenizer.decode(&ids), "the cat is the cat");
+
+    // the prompt in chunks of 4 (prefill graph), then decode steps
+    let mut s = session(&model, 32, 4);
+    let logits = s.prefill(&ids).unwrap().to_vec();
+    assert_finite(&logits, p.n_vocab);
+    assert_eq!(s.n_past(), ids.len());
+    for t in [3u32, 100, 255] {
+        let l = s.step(t).unwrap();
+        assert_finite(l, p.n_vocab);
+    }
+    assert_eq!(s.n_past(), ids.len() + 3);
+
+    // the same prompt again gives the same logits, in one chunk or token by token
+    s.reset();
+    assert_eq!(s.prefill(&ids).unwrap(), &logits[..]);
+    let mut one = session(&model, 32, 1);
+    let mut last = Vec::new();
+    for &t in &ids {
+        last = one.step(t).unwrap().to_vec();
+    }
+    let diff = last
+        .iter()
+        .zip(&logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        diff < 1e-3,
+        "prefill and token-by-token logits differ by {diff}"
+    );
+}
+
+// ---------------------------------------------------------------- defects, one at a time
+
+#[test]
+fn missing_tensor_is_named() {
+    let e = load_err(&with(|p| {
+        p.remove_tensor("blk.1.ffn_up.weight");
+    }));
+    match &e {
+        EngineError::MissingTensor { name, arch } => {
+            assert_eq!(name, "blk.1.ffn_up.weight");
+            assert_eq!(arch, "llama");
+        }
+        other => panic!("expected MissingTensor, got {other:?}"),
+    }
+    assert!(e.to_string().contains("blk.1.ffn_up.weight"), "{e}");
+
+    let e = load_err(&with(|p| {
+        p.remove_tensor("token_embd.weight");
+    }));
+    assert!(
+        matches!(&e, EngineError::MissingTensor { name, .. } if name == "token_embd.weight"),
+        "{e:?}"
+    );
+    let e = load_err(&with(|p| {
+        p.remove_tensor("output_norm.weight");
+    }));
+    assert!(
+        matches!(&e, EngineError::MissingTensor { name, .. } if name == "output_norm.weight"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn wrongly_shaped_tensor_is_named() {
+    // attn_k of a 2-kv-head model is [64, 32]; give it [64, 64]
+    let e = load_err(&with(|p| {
+        let mut rng = Rng(7);
+        let t = p.tensor("blk.0.attn_k.weight");
+        t.dims = vec![64, 64];
+        t.data = q8_0_bytes(&mut rng, 64 * 64);
+    }));
+    match &e {
+        EngineError::TensorShape {
+            name,
+            got,
+            expected,
+        } => {
+            assert_eq!(name, "blk.0.attn_k.weight");
+            assert_eq!(got, &vec![64, 64]);
+            assert_eq!(expected, &vec![64, 32]);
+        }
+        other => panic!("expected TensorShape, got {other:?}"),
+    }
+    assert!(e.to_string().contains("blk.0.attn_k.weight"), "{e}");
+
+    // a norm of the wrong length
+    let e = load_err(&with(|p| {
+        let t = p.tensor("blk.1.ffn_norm.weight");
+        t.dims = vec![32];
+        t.data = f32_bytes(std::iter::repeat_n(1.0, 32));
+    }));
+    assert!(
+        matches!(&e, EngineError::TensorShape { name, .. } if name == "blk.1.ffn_norm.weight"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn unsupported_tensor_type_is_named() {
+    // q5_0 (id 6) projections: a valid GGUF type without kernels here
+    let e = load_err(&with(|p| {
+        let t = p.tensor("blk.0.attn_q.weight");
+        t.ty = GgmlType::Unsupported(6);
+        t.data = vec![0u8; 64 * 2 * 22];
+    }));
+    match &e {
+        EngineError::UnsupportedTensorType { name, ty } => {
+            assert_eq!(name, "blk.0.attn_q.weight");
+            assert_eq!(ty.id(), 6);
+        }
+        other => panic!("expected UnsupportedTensorType, got {other:?}"),
+    }
+    assert!(e.to_string().contains("blk.0.attn_q.weight"), "{e}");
+
+    // q4_k (id 12, 256-element blocks): a model with n_ff = 256 so ffn_down rows are one block
+    let d = Dims { n_ff: 256, ..DIMS };
+    let mut p = Parts::llama(d);
+    let t = p.tensor("blk.1.ffn_down.weight");
+    t.ty = GgmlType::Unsupported(12);
+    t.data = vec![0u8; 64 * 144];
+    let e = load_err(&p);
+    match &e {
+        EngineError::UnsupportedTensorType { name, ty } => {
+            assert_eq!(name, "blk.1.ffn_down.weight");
+            assert_eq!(ty.id(), 12);
+        }
+        other => panic!("expected UnsupportedTensorType, got {other:?}"),
+    }
+    assert!(
+        e.to_string().contains("q4_k") || e.to_string().contains("Q4_K"),
+        "{e}"
+    );
+
+    // norms must be f32
+    let e = load_err(&with(|p| {
+        let t = p.tensor("blk.0.attn_norm.weight");
+        t.ty = GgmlType::F16;
+        t.data = vec![0u8; 64 * 2];
+    }));
+    assert!(
+        matches!(&e, EngineError::UnsupportedTensorType { name, .. } if name == "blk.0.attn_norm.weight"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let e = load_err(&with(|p| {
+        p.set("general.architecture", MetaValue::String("mamba".into()));
+    }));
+    match &e {
+        EngineError::UnsupportedArchitecture { arch, supported } => {
+            assert_eq!(arch, "mamba");
+            assert!(supported.contains("llama"));
+        }
+        other => panic!("expected UnsupportedArchitecture, got {other:?}"),
+    }
+    assert!(e.to_string().contains("mamba"), "{e}");
+}
+
+#[test]
+fn missing_metadata_key_is_named() {
+    for key in [
+        "general.architecture",
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.context_length",
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.tokens",
+    ] {
+        let e = load_err(&with(|p| {
+            p.remove(key);
+        }));
+        match &e {
+            EngineError::Metadata { key: k, .. } => assert_eq!(k, key, "{e}"),
+            other => panic!("removing {key}: expected Metadata, got {other:?}"),
+        }
+        assert!(e.to_string().contains(key), "{e}");
+    }
+    // a key of the wrong type is named too
+    let e = load_err(&with(|p| {
+        p.set("llama.block_count", MetaValue::String("two".into()));
+    }));
+    assert!(
+        matches!(&e, EngineError::Metadata { key, .. } if key == "llama.block_count"),
+        "{e:?}"
+    );
+    // zero is out of range
+    let e = load_err(&with(|p| {
+        p.set("llama.attention.head_count", MetaValue::U32(0));
+    }));
+    assert!(
+        matches!(&e, EngineError::Metadata { key, .. } if key == "llama.attention.head_count"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn head_counts_that_do_not_divide_are_named() {
+    // 3 kv heads do not divide 4 query heads
+    let e = load_err(&with(|p| {
+        p.set("llama.attention.head_count_kv", MetaValue::U32(3));
+    }));
+    match &e {
+        EngineError::Metadata { key, problem } => {
+            assert_eq!(key, "llama.attention.head_count_kv");
+            assert!(problem.contains('3') && problem.contains('4'), "{problem}");
+        }
+        other => panic!("expected Metadata, got {other:?}"),
+    }
+    // 5 heads do not divide the width 64
+    let e = load_err(&with(|p| {
+        p.set("llama.attention.head_count", MetaValue::U32(5));
+        p.set("llama.attention.head_count_kv", MetaValue::U32(5));
+    }));
+    assert!(
+        matches!(&e, EngineError::Metadata { key, .. } if key == "llama.attention.head_count"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn vocabulary_and_embedding_must_agree() {
+    let e = load_err(&with(|p| {
+        let v = vocab();
+        let fewer: Vec<MetaValue> = v.tokens[..v.tokens.len() - 1]
+            .iter()
+            .map(|s| MetaValue::String(s.clone()))
+            .collect();
+        let types: Vec<MetaValue> = v.types[..v.types.len() - 1]
+            .iter()
+            .map(|&t| MetaValue::I32(t))
+            .collect();
+        p.set("tokenizer.ggml.tokens", MetaValue::Array(fewer));
+        p.set("tokenizer.ggml.token_type", MetaValue::Array(types));
+        p.remove("tokenizer.ggml.bos_token_id");
+        p.remove("tokenizer.ggml.eos_token_id");
+    }));
+    assert!(
+        matches!(&e, EngineError::Metadata { key, .. } if key == "tokenizer.ggml.tokens"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn vocabulary_only_and_truncated_files_are_errors() {
+    // a llama vocabulary without tensors
+    let mut p = Parts::llama(DIMS);
+    p.tensors.clear();
+    let e = load_err(&p);
+    assert!(
+        matches!(&e, EngineError::MissingTensor { name, .. } if name == "token_embd.weight"),
+        "{e:?}"
+    );
+    // llama.cpp's gpt-2 vocabulary file
+    let vocab_file = edge_tests::shared_dir().join("reference/tokenizer/ggml-vocab-gpt-2.gguf");
+    let e = Model::load(&vocab_file).unwrap_err();
+    assert!(
+        matches!(&e, EngineError::UnsupportedArchitecture { arch, .. } if arch == "gpt2"),
+        "{e:?}"
+    );
+
+    // cut anywhere: a GGUF error, never a panic; cut in the data: the tensor is named
+    let bytes = Parts::llama(DIMS).bytes();
+    let dir = TempDir::new();
+    for cut in [0, 3, 10, 100, 1000, 5000, bytes.len() / 2, bytes.len() - 1] {
+        let path: &Path = &dir.write(&format!("cut-{cut}.gguf"), &bytes[..cut]);
+        let e = Model::load(path).unwrap_err();
+        assert!(matches!(e, EngineError::Gguf(_)), "cut at {cut}: {e:?}");
+    }
+    let e = Model::load(dir.write("cut-last.gguf", &bytes[..bytes.len() - 1])).unwrap_err();
+    assert!(
+        matches!(&e, EngineError::Gguf(GgufError::TensorOutOfRange { name, .. }) if name == "output_norm.weight"),
+        "{e:?}"
+    );
+    let e = Model::load(dir.0.join("does-not-exist.gguf")).unwrap_err();
+    assert!(
+        matches!(&e, EngineError::Gguf(GgufError::Io { .. })),
+        "{e:?}"
+    );
+}
+
+// ---------------------------------------------------------------- session limits
+
+#[test]
+fn prompt_longer_than_the_context_is_context_full() {
+    let model = tiny_model();
+    let mut s = session(&model, 8, 4);
+    let prompt: Vec<u32> = (0..9).collect();
+    match s.prefill(&prompt) {
+        Err(EngineError::ContextFull {
+            what,
+            needed,
+            ctx,
+            max,
+        }) => {
+            assert_eq!((what, needed, ctx, max), ("prompt", 9, 8, 64));
+        }
+        other => panic!("expected ContextFull, got {:?}", other.map(<[f32]>::len)),
+    }
+    // nothing was consumed: a prompt that fits still works
+    assert_eq!(s.n_past(), 0);
+    assert_finite(s.prefill(&prompt[..8]).unwrap(), model.params.n_vocab);
+}
+
+#[test]
+fn token_outside_the_vocabulary_is_invalid_argument() {
+    let model = tiny_model();
+    let n_vocab = model.params.n_vocab as u32;
+    let mut s = session(&model, 16, 4);
+    for bad in [vec![1, 2, n_vocab], vec![u32::MAX]] {
+        match s.prefill(&bad) {
+            Err(EngineError::InvalidArgument(msg)) => {
+                assert!(msg.contains(&bad.last().unwrap().to_string()), "{msg}")
+            }
+            other => panic!(
+                "expected InvalidArgument, got {:?}",
+                other.map(<[f32]>::len)
+            ),
+        }
+    }
+    assert_eq!(s.n_past(), 0);
+    s.prefill(&[1, 2, 3]).unwrap();
+    assert!(matches!(
+        s.step(n_vocab),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.prefill(&[]),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert_eq!(s.n_past(), 3);
+    assert_finite(s.step(n_vocab - 1).unwrap(), model.params.n_vocab);
+}
+
+#[test]
+fn generating_past_the_context_is_context_full() {
+    let model = tiny_model();
+    let mut s = session(&model, 8, 4);
+    s.prefill(&[10, 20, 30, 40, 50]).unwrap();
+    for t in [60, 70, 80] {
+        s.step(t).unwrap();
+    }
+    assert_eq!(s.n_past(), 8);
+    for _ in 0..2 {
+        match s.step(90) {
+            Err(EngineError::ContextFull {
+                what, needed, ctx, ..
+            }) => {
+                assert_eq!((what, needed, ctx), ("generation", 9, 8));
+            }
+            other => panic!("expected ContextFull, got {:?}", other.map(<[f32]>::len)),
+        }
+    }
+    assert!(matches!(
+        s.prefill(&[1, 2]),
+        Err(EngineError::ContextFull { what: "prompt", .. })
+    ));
+    // after a reset the session runs again
+    s.reset();
+    assert_finite(s.prefill(&[10, 20, 30]).unwrap(), model.params.n_vocab);
+}
+
+#[test]
+fn bad_session_config_is_invalid_argument() {
+    let model = tiny_model();
+    for cfg in [
+        SessionConfig {
+            ctx: Some(0),
+            ubatch: None,
+            threads: Some(1),
+        },
+        SessionConfig {
+            ctx: Some(8),
+            ubatch: Some(0),
+            threads: Some(1),
+        },
+        SessionConfig {
+            ctx: Some(8),
+            ubatch: None,
+            threads: Some(0),
+        },
+    ] {
+        let e = Session::new(model.clone(), &cfg).unwrap_err();
+        assert!(
+            matches!(e, EngineError::InvalidArgument(_)),
+            "{cfg:?}: {e:?}"
+        );
+    }
+}
