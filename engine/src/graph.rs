@@ -105,7 +105,11 @@ pub enum Op {
         out: ValueId,
     },
     /// Writes rows of k and v (already rotated) into the KV cache of `layer` at pos0 + t.
-    StoreKv { k: ValueId, v: ValueId, layer: usize },
+    StoreKv {
+        k: ValueId,
+        v: ValueId,
+        layer: usize,
+    },
     /// Causal grouped-query attention of q over the cached keys/values of `layer`
     /// (positions 0..=pos0+t for row t), tiled: a first pass over tiles finds the softmax
     /// maximum and denominator online, a second recomputes the scores and accumulates V. No
@@ -120,7 +124,11 @@ pub enum Op {
         out: ValueId,
     },
     /// out = a + b.
-    Add { a: ValueId, b: ValueId, out: ValueId },
+    Add {
+        a: ValueId,
+        b: ValueId,
+        out: ValueId,
+    },
     /// out = silu(gate) * up.
     SwiGlu {
         gate: ValueId,
@@ -206,7 +214,13 @@ impl Graph {
     }
 
     /// Declares a value.
-    pub fn value(&mut self, name: impl Into<String>, rows: usize, cols: usize, ty: ValueType) -> ValueId {
+    pub fn value(
+        &mut self,
+        name: impl Into<String>,
+        rows: usize,
+        cols: usize,
+        ty: ValueType,
+    ) -> ValueId {
         self.values.push(Value {
             name: name.into(),
             rows,

@@ -53,7 +53,8 @@ impl MemoryReport {
 pub fn plan_graph(graph: Graph) -> Result<(PlannedGraph, usize, usize)> {
     let buffers = graph.buffers(ALIGN);
     let plan = edge_arena::plan(&buffers).map_err(|e| EngineError::Plan(e.to_string()))?;
-    edge_arena::check(&buffers, &plan.offsets, plan.size).map_err(|e| EngineError::Plan(e.to_string()))?;
+    edge_arena::check(&buffers, &plan.offsets, plan.size)
+        .map_err(|e| EngineError::Plan(e.to_string()))?;
     Ok((
         PlannedGraph {
             graph,
@@ -107,13 +108,17 @@ impl Session {
         }
         let ubatch = cfg.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx);
         if ubatch == 0 {
-            return Err(EngineError::InvalidArgument("--ubatch must be at least 1".into()));
+            return Err(EngineError::InvalidArgument(
+                "--ubatch must be at least 1".into(),
+            ));
         }
         let threads = cfg
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         if threads == 0 {
-            return Err(EngineError::InvalidArgument("--threads must be at least 1".into()));
+            return Err(EngineError::InvalidArgument(
+                "--threads must be at least 1".into(),
+            ));
         }
         let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(&model, 1))?;
         let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
@@ -123,7 +128,8 @@ impl Session {
             (None, decode_size, decode_bound)
         };
         let kv = KvCache::new(p.n_layer, ctx, p.kv_dim()).map_err(EngineError::Plan)?;
-        let exec = Executor::new(arena_bytes, threads, ctx, p.head_dim, Kernels::detect()).map_err(EngineError::Plan)?;
+        let exec = Executor::new(arena_bytes, threads, ctx, p.head_dim, Kernels::detect())
+            .map_err(EngineError::Plan)?;
         let report = MemoryReport {
             weights_bytes: model.weight_bytes_total(),
             kv_bytes: kv.bytes() as u64,
@@ -193,7 +199,9 @@ impl Session {
     /// last one.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         if tokens.is_empty() {
-            return Err(EngineError::InvalidArgument("nothing to process: the prompt has no tokens".into()));
+            return Err(EngineError::InvalidArgument(
+                "nothing to process: the prompt has no tokens".into(),
+            ));
         }
         self.check_tokens(tokens, "prompt")?;
         for chunk in tokens.chunks(self.ubatch) {
@@ -253,7 +261,9 @@ impl Session {
         };
         if !self.exec.run(&self.model, &self.kv, pg, args) {
             self.has_logits = false;
-            return Err(EngineError::Kernel("a worker thread panicked; this is a bug".into()));
+            return Err(EngineError::Kernel(
+                "a worker thread panicked; this is a bug".into(),
+            ));
         }
         self.n_past += chunk.len();
         self.has_logits = true;

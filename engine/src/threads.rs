@@ -155,7 +155,11 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
         {
-            let _guard = self.shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _guard = self
+                .shared
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {

@@ -44,29 +44,59 @@ fn greedy_continuations_match_llama_cpp() {
     let model = model();
     let cases = read_jsonl(&shared_dir().join("reference/smollm2/greedy.jsonl"));
     assert!(cases.len() >= 8);
-    let mut session = Session::new(model.clone(), &SessionConfig { ctx: Some(2048), threads: Some(1), ..Default::default() }).unwrap();
+    let mut session = Session::new(
+        model.clone(),
+        &SessionConfig {
+            ctx: Some(2048),
+            threads: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut failures = Vec::new();
     for case in &cases {
         let prompt = case["prompt"].as_str().unwrap();
         let prompt_ids = ids(&case["prompt_ids"]);
         let want = ids(&case["ids"]);
         let add_bos = model.tokenizer.add_bos();
-        assert_eq!(model.tokenizer.encode(prompt, add_bos, true).unwrap(), prompt_ids, "prompt tokens of {prompt:?}");
+        assert_eq!(
+            model.tokenizer.encode(prompt, add_bos, true).unwrap(),
+            prompt_ids,
+            "prompt tokens of {prompt:?}"
+        );
         session.reset();
         let got = greedy(&mut session, &prompt_ids, want.len());
         if got != want {
-            let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+            let first = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want.len()));
             failures.push(format!(
                 "{prompt:?}: first difference at generated token {first}\n  want {want:?}\n  got  {got:?}\n  text {:?}",
                 model.tokenizer.decode(&got)
             ));
         } else {
             // llama.cpp's detokenizer leaves out control tokens (the final <|im_end|>).
-            let text_ids: Vec<u32> = got.iter().copied().filter(|&t| !model.tokenizer.is_control(t)).collect();
-            assert_eq!(model.tokenizer.decode(&text_ids), case["text"].as_str().unwrap(), "text of {prompt:?}");
+            let text_ids: Vec<u32> = got
+                .iter()
+                .copied()
+                .filter(|&t| !model.tokenizer.is_control(t))
+                .collect();
+            assert_eq!(
+                model.tokenizer.decode(&text_ids),
+                case["text"].as_str().unwrap(),
+                "text of {prompt:?}"
+            );
         }
     }
-    assert!(failures.is_empty(), "{} of {} continuations differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} continuations differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -74,13 +104,24 @@ fn chunked_prefill_and_threads_do_not_change_tokens() {
     let model = model();
     let cases = read_jsonl(&shared_dir().join("reference/smollm2/greedy.jsonl"));
     // The longest prompts exercise chunks that split the prompt unevenly.
-    let case = cases.iter().max_by_key(|c| c["prompt_ids"].as_array().unwrap().len()).unwrap();
+    let case = cases
+        .iter()
+        .max_by_key(|c| c["prompt_ids"].as_array().unwrap().len())
+        .unwrap();
     let prompt_ids = ids(&case["prompt_ids"]);
     let want = ids(&case["ids"]);
     for (ubatch, threads) in [(3, 1), (1, 2), (5, 2)] {
-        let cfg = SessionConfig { ctx: Some(256), ubatch: Some(ubatch), threads: Some(threads) };
+        let cfg = SessionConfig {
+            ctx: Some(256),
+            ubatch: Some(ubatch),
+            threads: Some(threads),
+        };
         let mut session = Session::new(model.clone(), &cfg).unwrap();
-        assert_eq!(greedy(&mut session, &prompt_ids, want.len()), want, "ubatch {ubatch}, {threads} threads");
+        assert_eq!(
+            greedy(&mut session, &prompt_ids, want.len()),
+            want,
+            "ubatch {ubatch}, {threads} threads"
+        );
     }
 }
 
@@ -98,7 +139,15 @@ fn teacher_forced_logits_match_llama_cpp() {
     const TOLERANCE: f32 = 1e-3;
     let model = model();
     let cases = read_jsonl(&shared_dir().join("reference/smollm2/logits-top10.jsonl"));
-    let mut session = Session::new(model.clone(), &SessionConfig { ctx: Some(512), threads: Some(1), ..Default::default() }).unwrap();
+    let mut session = Session::new(
+        model.clone(),
+        &SessionConfig {
+            ctx: Some(512),
+            threads: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let (mut positions, mut top1_same, mut max_err) = (0usize, 0usize, 0f32);
     let mut out_of_tolerance = Vec::new();
     for case in &cases {
@@ -119,21 +168,78 @@ fn teacher_forced_logits_match_llama_cpp() {
             if std::env::var_os("EDGE_RUN_SHOW_ERRORS").is_some() {
                 let errs: Vec<String> = want
                     .iter()
-                    .map(|e| format!("{:+.3}", logits[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap() as f32))
+                    .map(|e| {
+                        format!(
+                            "{:+.3}",
+                            logits[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap() as f32
+                        )
+                    })
                     .collect();
                 eprintln!("pos {pos}: {}", errs.join(" "));
             }
             for entry in want {
-                let (tid, value) = (entry[0].as_u64().unwrap() as usize, entry[1].as_f64().unwrap() as f32);
+                let (tid, value) = (
+                    entry[0].as_u64().unwrap() as usize,
+                    entry[1].as_f64().unwrap() as f32,
+                );
                 let err = (logits[tid] - value).abs();
                 max_err = max_err.max(err);
                 if err > TOLERANCE {
-                    out_of_tolerance.push(format!("pos {pos} token {tid}: want {value}, got {}", logits[tid]));
+                    out_of_tolerance.push(format!(
+                        "pos {pos} token {tid}: want {value}, got {}",
+                        logits[tid]
+                    ));
                 }
             }
         }
     }
-    eprintln!("teacher-forced: {top1_same}/{positions} top-1 identical, max |logit error| {max_err:.4}");
-    assert!(top1_same * 100 >= positions * 99, "top-1 identical at only {top1_same} of {positions} positions");
-    assert!(out_of_tolerance.is_empty(), "logits outside ±{TOLERANCE}:\n{}", out_of_tolerance.join("\n"));
+    eprintln!(
+        "teacher-forced: {top1_same}/{positions} top-1 identical, max |logit error| {max_err:.4}"
+    );
+    assert!(
+        top1_same * 100 >= positions * 99,
+        "top-1 identical at only {top1_same} of {positions} positions"
+    );
+    assert!(
+        out_of_tolerance.is_empty(),
+        "logits outside ±{TOLERANCE}:\n{}",
+        out_of_tolerance.join("\n")
+    );
+}
+
+/// The planned arena of the real model's graph: every activation has an offset, the checker
+/// accepts the plan, the logits buffer holds one row (the last position), not one per prompt
+/// token, and the decode arena does not depend on the context size.
+#[test]
+fn arena_plan_is_sound_and_logits_are_last_position_only() {
+    use edge_engine::arch::llama::build_graph;
+    use edge_engine::exec::memory::ALIGN;
+    let model = model();
+    let n_vocab = model.params.n_vocab;
+    for ubatch in [1, 7, 512] {
+        let graph = build_graph(&model, ubatch);
+        let logits = &graph.values[graph.output.0];
+        assert_eq!((logits.rows, logits.cols), (1, n_vocab), "ubatch {ubatch}");
+        // No other buffer is vocabulary-sized per token.
+        let biggest_other = graph
+            .values
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != graph.output.0)
+            .map(|(_, v)| v.bytes())
+            .max()
+            .unwrap();
+        assert!(biggest_other < n_vocab * 4 * ubatch.max(2) / 2, "ubatch {ubatch}: a buffer of {biggest_other} bytes");
+        let buffers = graph.buffers(ALIGN);
+        let plan = edge_arena::plan(&buffers).unwrap();
+        edge_arena::check(&buffers, &plan.offsets, plan.size).unwrap();
+        assert!(plan.size >= plan.lower_bound);
+        // The planner reuses memory: far less than the sum of all activations.
+        let total: usize = buffers.iter().map(|b| b.size).sum();
+        assert!(plan.size * 4 < total, "ubatch {ubatch}: arena {} of {total} bytes", plan.size);
+    }
+    let small = Session::new(model.clone(), &SessionConfig { ctx: Some(512), ubatch: Some(1), threads: Some(1) }).unwrap();
+    let large = Session::new(model.clone(), &SessionConfig { ctx: Some(8192), ubatch: Some(1), threads: Some(1) }).unwrap();
+    assert_eq!(small.memory().arena_bytes, large.memory().arena_bytes);
+    assert_eq!(large.memory().kv_bytes, 16 * small.memory().kv_bytes);
 }

@@ -18,7 +18,9 @@ pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Res
     let token_embd = bind(g, weights, a, "token_embd.weight", &[d, p.n_vocab as u64])?;
     let mut layers = Vec::with_capacity(p.n_layer);
     for l in 0..p.n_layer {
-        let mut w = |name: &str, shape: &[u64]| bind(g, weights, a, &format!("blk.{l}.{name}.weight"), shape);
+        let mut w = |name: &str, shape: &[u64]| {
+            bind(g, weights, a, &format!("blk.{l}.{name}.weight"), shape)
+        };
         layers.push(LayerWeights {
             attn_norm: w("attn_norm", &[d])?,
             wq: w("attn_q", &[d, q_dim])?,
@@ -70,10 +72,19 @@ impl Builder<'_> {
         let act_ty = cpu::vec_dot_type(weight.ty);
         let rows = self.g.values[x.0].rows;
         let cols = self.g.values[x.0].cols;
-        let xq = self.g.value(format!("{name}.in_q"), rows, cols, ValueType::Quantized(act_ty));
+        let xq = self.g.value(
+            format!("{name}.in_q"),
+            rows,
+            cols,
+            ValueType::Quantized(act_ty),
+        );
         self.g.push(Op::Quantize { x, out: xq });
         let out = self.f32(name, rows, weight.n_rows);
-        self.g.push(Op::MatMul { weight: w, x: xq, out });
+        self.g.push(Op::MatMul {
+            weight: w,
+            x: xq,
+            out,
+        });
         out
     }
 
@@ -89,14 +100,23 @@ impl Builder<'_> {
             let xq = match quantized.iter().find(|(t, _)| *t == act_ty) {
                 Some(&(_, v)) => v,
                 None => {
-                    let v = self.g.value(format!("{name}.in_q"), rows, cols, ValueType::Quantized(act_ty));
+                    let v = self.g.value(
+                        format!("{name}.in_q"),
+                        rows,
+                        cols,
+                        ValueType::Quantized(act_ty),
+                    );
                     self.g.push(Op::Quantize { x, out: v });
                     quantized.push((act_ty, v));
                     v
                 }
             };
             let out = self.f32(name.clone(), rows, weight.n_rows);
-            self.g.push(Op::MatMul { weight: *w, x: xq, out });
+            self.g.push(Op::MatMul {
+                weight: *w,
+                x: xq,
+                out,
+            });
             outs.push(out);
         }
         outs
@@ -120,7 +140,12 @@ pub fn build_graph(model: &Model, ubatch: usize) -> Graph {
     });
     for (l, w) in lw.layers.iter().enumerate() {
         let h = b.f32(format!("blk.{l}.attn_norm"), t, d);
-        b.g.push(Op::RmsNorm { x, weight: w.attn_norm, eps: p.rms_eps, out: h });
+        b.g.push(Op::RmsNorm {
+            x,
+            weight: w.attn_norm,
+            eps: p.rms_eps,
+            out: h,
+        });
         let qkv = b.matmuls(
             h,
             &[
@@ -131,10 +156,24 @@ pub fn build_graph(model: &Model, ubatch: usize) -> Graph {
         );
         let (q, k, v) = (qkv[0], qkv[1], qkv[2]);
         let q_rot = b.f32(format!("blk.{l}.attn_q.rope"), t, p.n_head * p.head_dim);
-        b.g.push(Op::Rope { x: q, head_dim: p.head_dim, rope: p.rope, out: q_rot });
+        b.g.push(Op::Rope {
+            x: q,
+            head_dim: p.head_dim,
+            rope: p.rope,
+            out: q_rot,
+        });
         let k_rot = b.f32(format!("blk.{l}.attn_k.rope"), t, p.kv_dim());
-        b.g.push(Op::Rope { x: k, head_dim: p.head_dim, rope: p.rope, out: k_rot });
-        b.g.push(Op::StoreKv { k: k_rot, v, layer: l });
+        b.g.push(Op::Rope {
+            x: k,
+            head_dim: p.head_dim,
+            rope: p.rope,
+            out: k_rot,
+        });
+        b.g.push(Op::StoreKv {
+            k: k_rot,
+            v,
+            layer: l,
+        });
         let att = b.f32(format!("blk.{l}.attn"), t, p.n_head * p.head_dim);
         b.g.push(Op::Attention {
             q: q_rot,
@@ -147,24 +186,49 @@ pub fn build_graph(model: &Model, ubatch: usize) -> Graph {
         });
         let o = b.matmul(format!("blk.{l}.attn_output"), w.wo, att);
         let x_mid = b.f32(format!("blk.{l}.attn_residual"), t, d);
-        b.g.push(Op::Add { a: x, b: o, out: x_mid });
+        b.g.push(Op::Add {
+            a: x,
+            b: o,
+            out: x_mid,
+        });
         let h2 = b.f32(format!("blk.{l}.ffn_norm"), t, d);
-        b.g.push(Op::RmsNorm { x: x_mid, weight: w.ffn_norm, eps: p.rms_eps, out: h2 });
+        b.g.push(Op::RmsNorm {
+            x: x_mid,
+            weight: w.ffn_norm,
+            eps: p.rms_eps,
+            out: h2,
+        });
         let gu = b.matmuls(
             h2,
-            &[(format!("blk.{l}.ffn_gate"), w.w_gate), (format!("blk.{l}.ffn_up"), w.w_up)],
+            &[
+                (format!("blk.{l}.ffn_gate"), w.w_gate),
+                (format!("blk.{l}.ffn_up"), w.w_up),
+            ],
         );
         let act = b.f32(format!("blk.{l}.ffn_swiglu"), t, p.n_ff);
-        b.g.push(Op::SwiGlu { gate: gu[0], up: gu[1], out: act });
+        b.g.push(Op::SwiGlu {
+            gate: gu[0],
+            up: gu[1],
+            out: act,
+        });
         let down = b.matmul(format!("blk.{l}.ffn_down"), w.w_down, act);
         let x_out = b.f32(format!("blk.{l}.ffn_residual"), t, d);
-        b.g.push(Op::Add { a: x_mid, b: down, out: x_out });
+        b.g.push(Op::Add {
+            a: x_mid,
+            b: down,
+            out: x_out,
+        });
         x = x_out;
     }
     let last = b.f32("last_position".into(), 1, d);
     b.g.push(Op::TakeLast { x, out: last });
     let normed = b.f32("output_norm".into(), 1, d);
-    b.g.push(Op::RmsNorm { x: last, weight: lw.output_norm, eps: p.rms_eps, out: normed });
+    b.g.push(Op::RmsNorm {
+        x: last,
+        weight: lw.output_norm,
+        eps: p.rms_eps,
+        out: normed,
+    });
     let logits = b.matmul("logits".into(), lw.output, normed);
     b.g.output = logits;
     b.g

@@ -125,7 +125,10 @@ pub fn expf(x: f32) -> f32 {
     let u = b * b;
     let j = f32::from_bits(0x3c07_2010)
         .mul_add(b, f32::from_bits(0x3d2b_9f17))
-        .mul_add(u, f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
         .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
     if n.abs() > 192.0 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
@@ -178,7 +181,9 @@ mod tests {
 
     #[test]
     fn dots_agree_with_exact_sums_on_small_integers() {
-        let a: Vec<f16> = (0..256).map(|i| f16::from_f32((i % 7) as f32 - 3.0)).collect();
+        let a: Vec<f16> = (0..256)
+            .map(|i| f16::from_f32((i % 7) as f32 - 3.0))
+            .collect();
         let b: Vec<f32> = (0..256).map(|i| (i % 5) as f32 - 2.0).collect();
         let exact: f32 = a.iter().zip(&b).map(|(x, y)| x.to_f32() * y).sum();
         assert_eq!(dot_f16_ggml(&a, &b), exact);
@@ -191,6 +196,13 @@ mod tests {
         }
         assert_eq!(accumulated_sum(&lane), exact);
         assert_eq!(accumulated_sum(&step), exact);
-        assert_eq!(dot_f16_ggml(&a[..70], &b[..70]), a[..70].iter().zip(&b[..70]).map(|(x, y)| x.to_f32() * y).sum::<f32>());
+        assert_eq!(
+            dot_f16_ggml(&a[..70], &b[..70]),
+            a[..70]
+                .iter()
+                .zip(&b[..70])
+                .map(|(x, y)| x.to_f32() * y)
+                .sum::<f32>()
+        );
     }
 }

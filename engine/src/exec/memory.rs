@@ -35,7 +35,8 @@ impl SharedMem {
             .map_err(|e| format!("cannot allocate {len} bytes: {e}"))?;
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| format!("out of memory allocating {len} bytes"))?;
+        let ptr =
+            NonNull::new(raw).ok_or_else(|| format!("out of memory allocating {len} bytes"))?;
         Ok(SharedMem { ptr, len })
     }
 
@@ -50,9 +51,15 @@ impl SharedMem {
     }
 
     fn check<T>(&self, byte_offset: usize, n: usize) -> *mut T {
-        let bytes = n.checked_mul(std::mem::size_of::<T>()).expect("slice size overflows");
+        let bytes = n
+            .checked_mul(std::mem::size_of::<T>())
+            .expect("slice size overflows");
         let end = byte_offset.checked_add(bytes).expect("slice end overflows");
-        assert!(end <= self.len, "slice {byte_offset}..{end} outside memory of {} bytes", self.len);
+        assert!(
+            end <= self.len,
+            "slice {byte_offset}..{end} outside memory of {} bytes",
+            self.len
+        );
         assert!(
             byte_offset % std::mem::align_of::<T>() == 0,
             "misaligned slice at {byte_offset}"
@@ -88,7 +95,8 @@ impl SharedMem {
 
 impl Drop for SharedMem {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("layout was valid at allocation");
+        let layout = Layout::from_size_align(self.len.max(1), ALIGN)
+            .expect("layout was valid at allocation");
         // SAFETY: allocated in `new` with this very layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
     }

@@ -110,7 +110,8 @@ impl Executor {
         head_dim: usize,
         kernels: Kernels,
     ) -> Result<Executor, String> {
-        let scratch_per_thread = scratch_bytes_per_thread(ctx, head_dim).next_multiple_of(memory::ALIGN);
+        let scratch_per_thread =
+            scratch_bytes_per_thread(ctx, head_dim).next_multiple_of(memory::ALIGN);
         Ok(Executor {
             pool: ThreadPool::new(n_threads),
             barrier: SpinBarrier::new(n_threads.max(1)),
@@ -178,12 +179,22 @@ impl Executor {
         }
         let row = v.rows.min(n_tokens) - 1;
         // SAFETY: called between ops, after the barrier, by one thread: nothing writes the arena.
-        let x = unsafe { self.arena.slice::<f32>(pg.offsets[o.0] + row * v.cols * 4, v.cols) };
+        let x = unsafe {
+            self.arena
+                .slice::<f32>(pg.offsets[o.0] + row * v.cols * 4, v.cols)
+        };
         let sum: f64 = x.iter().map(|&a| f64::from(a)).sum();
         let c = v.cols;
         eprintln!(
             "{:32} [{:.4}, {:.4}, {:.4}, ..., {:.4}, {:.4}, {:.4}] sum = {:.6}",
-            v.name, x[0], x[1], x[2], x[c - 3], x[c - 2], x[c - 1], sum
+            v.name,
+            x[0],
+            x[1],
+            x[2],
+            x[c - 3],
+            x[c - 2],
+            x[c - 1],
+            sum
         );
     }
 
@@ -192,7 +203,10 @@ impl Executor {
         let v = &pg.graph.values[value.0];
         // SAFETY: no run is in progress (runs take &self and return before we are called
         // again; callers hold the session mutably while running), so nothing writes the arena.
-        unsafe { self.arena.slice::<f32>(pg.offsets[value.0], rows.min(v.rows) * v.cols) }
+        unsafe {
+            self.arena
+                .slice::<f32>(pg.offsets[value.0], rows.min(v.rows) * v.cols)
+        }
     }
 }
 
@@ -230,9 +244,10 @@ impl OpCtx<'_> {
         let cols = self.cols(v);
         // SAFETY: inputs are not written during the op (module docs, fact 2).
         unsafe {
-            self.exec
-                .arena
-                .slice::<f32>(self.pg.offsets[v.0] + rows.start * cols * 4, rows.len() * cols)
+            self.exec.arena.slice::<f32>(
+                self.pg.offsets[v.0] + rows.start * cols * 4,
+                rows.len() * cols,
+            )
         }
     }
 
@@ -255,9 +270,10 @@ impl OpCtx<'_> {
         // SAFETY: each thread asks only for its own disjoint part of the output (fact 2), and
         // the output does not overlap any input (fact 1).
         unsafe {
-            self.exec
-                .arena
-                .slice_mut::<f32>(self.pg.offsets[v.0] + (row * cols + range.start) * 4, range.len())
+            self.exec.arena.slice_mut::<f32>(
+                self.pg.offsets[v.0] + (row * cols + range.start) * 4,
+                range.len(),
+            )
         }
     }
 
@@ -265,7 +281,11 @@ impl OpCtx<'_> {
     fn output_bytes(&self, v: ValueId, row: usize) -> &mut [u8] {
         let rb = self.pg.graph.values[v.0].row_bytes();
         // SAFETY: as `output`; a thread writes only its own rows.
-        unsafe { self.exec.arena.slice_mut::<u8>(self.pg.offsets[v.0] + row * rb, rb) }
+        unsafe {
+            self.exec
+                .arena
+                .slice_mut::<u8>(self.pg.offsets[v.0] + row * rb, rb)
+        }
     }
 
     #[allow(clippy::mut_from_ref)]
@@ -278,10 +298,20 @@ impl OpCtx<'_> {
     fn run(&self, op: &Op) {
         match *op {
             Op::Embed { table, out } => self.embed(table, out),
-            Op::RmsNorm { x, weight, eps, out } => self.rms_norm(x, weight, eps, out),
+            Op::RmsNorm {
+                x,
+                weight,
+                eps,
+                out,
+            } => self.rms_norm(x, weight, eps, out),
             Op::Quantize { x, out } => self.quantize(x, out),
             Op::MatMul { weight, x, out } => self.matmul(weight, x, out),
-            Op::Rope { x, head_dim, rope, out } => self.rope(x, head_dim, rope, out),
+            Op::Rope {
+                x,
+                head_dim,
+                rope,
+                out,
+            } => self.rope(x, head_dim, rope, out),
             Op::StoreKv { k, v, layer } => self.store_kv(k, v, layer),
             Op::Attention {
                 q,
@@ -315,7 +345,8 @@ impl OpCtx<'_> {
                 if self.tid == 0 {
                     let last = self.n_tokens() - 1;
                     let cols = self.cols(out);
-                    self.output(out, 0, 0..cols).copy_from_slice(self.input(x, last..last + 1));
+                    self.output(out, 0, 0..cols)
+                        .copy_from_slice(self.input(x, last..last + 1));
                 }
             }
         }
@@ -344,7 +375,12 @@ impl OpCtx<'_> {
         let w = self.model.weight_f32(weight);
         let cols = self.cols(out);
         for t in self.share(self.rows_of(out), 1) {
-            cpu::rms_norm(self.input(x, t..t + 1), w, eps, self.output(out, t, 0..cols));
+            cpu::rms_norm(
+                self.input(x, t..t + 1),
+                w,
+                eps,
+                self.output(out, t, 0..cols),
+            );
         }
     }
 
@@ -355,7 +391,11 @@ impl OpCtx<'_> {
         };
         for t in self.share(self.rows_of(out), 1) {
             // Lengths come from the graph, built with whole blocks; an error would be a bug.
-            let _ = self.exec.kernels.quantize_row(ty, self.input(x, t..t + 1), self.output_bytes(out, t));
+            let _ = self.exec.kernels.quantize_row(
+                ty,
+                self.input(x, t..t + 1),
+                self.output_bytes(out, t),
+            );
         }
     }
 
