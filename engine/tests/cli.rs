@@ -233,9 +233,7 @@ fn help_and_readme_list_the_same_flags() {
         .nth(1)
         .and_then(|rest| rest.split("\n## ").next())
         .expect("README has a Usage section");
-    let mut in_help = long_flags(&help);
-    in_help.remove("--help");
-    in_help.remove("--version");
+    let in_help = long_flags(&help);
     let in_readme = long_flags(usage);
     assert!(
         in_help.len() >= 20,
@@ -721,55 +719,51 @@ fn greedy_generation_matches_llama_cpp() {
 }
 
 #[test]
-fn chat_uses_the_template_and_stops_at_end_of_turn() {
+fn chat_applies_the_models_template() {
     let m = model();
-    let out = run(&[
-        s(&m),
-        "--chat",
-        "-p",
-        "What is the capital of France?",
-        "-n",
-        "48",
-        "--temp",
-        "0",
-        "-t",
-        "1",
-    ]);
-    assert_eq!(out.code, Some(0), "{out:?}");
-    assert!(out.stdout.contains("Paris"), "{out:?}");
-    for marker in ["<|im_start|>", "<|im_end|>", "assistant\n"] {
-        assert!(!out.stdout.contains(marker), "{out:?}");
+    let m = s(&m);
+    // SmolLM2's template: its default system message, the user turn, the assistant header
+    let cases = [
+        (
+            None,
+            "What is the capital of France?",
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        (
+            Some("You are a pirate."),
+            "Hi",
+            "<|im_start|>system\nYou are a pirate.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        ),
+    ];
+    let outs = par_map(&cases, |(system, prompt, rendered)| {
+        let mut args = vec![
+            m, "--chat", "-p", prompt, "-n", "16", "--temp", "0", "-t", "1",
+        ];
+        if let Some(sys) = system {
+            args.extend(["--system", sys]);
+        }
+        let chat = run(&args);
+        let ids = tokenize_out(&run(&["tokenize", m, "--special", rendered]));
+        (chat, ids.len())
+    });
+    for (out, n_rendered) in &outs {
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert!(!out.stdout.trim().is_empty(), "{out:?}");
+        for marker in ["<|im_start|>", "<|im_end|>", "<|endoftext|>"] {
+            assert!(!out.stdout.contains(marker), "{out:?}");
+        }
+        let n_prompt: usize = out
+            .stderr
+            .split("prompt: ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("timing summary");
+        assert_eq!(
+            n_prompt, *n_rendered,
+            "the chat prompt is not the template's rendering: {out:?}"
+        );
     }
-    // the template wraps the prompt (system + user + assistant header): many more tokens
-    // than the 7 of the bare question
-    let n_prompt: usize = out
-        .stderr
-        .split("prompt: ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("timing summary");
-    assert!(n_prompt > 20, "{out:?}");
-    assert!(
-        out.stderr.contains("stopped: end-of-generation token"),
-        "{out:?}"
-    );
-
-    let sys = run(&[
-        s(&m),
-        "--chat",
-        "--system",
-        "You are a pirate.",
-        "-p",
-        "Hi",
-        "-n",
-        "4",
-        "--temp",
-        "0",
-        "-t",
-        "1",
-    ]);
-    assert_eq!(sys.code, Some(0), "{sys:?}");
 }
 
 #[test]

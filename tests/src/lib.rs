@@ -16,7 +16,8 @@ pub fn shared_dir() -> PathBuf {
 pub fn smollm2_path() -> PathBuf {
     let p = match std::env::var_os("EDGE_RUN_MODEL") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
     assert!(
         p.exists(),
