@@ -12,6 +12,8 @@ use crate::model::Model;
 
 /// Default context size when none is given (capped by the model's trained context).
 pub const DEFAULT_CTX: usize = 4096;
+/// Most threads a session may use.
+pub const MAX_THREADS: usize = 1024;
 /// Default prompt chunk (tokens per prefill run).
 pub const DEFAULT_UBATCH: usize = 512;
 
@@ -115,10 +117,10 @@ impl Session {
         let threads = cfg
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        if threads == 0 {
-            return Err(EngineError::InvalidArgument(
-                "--threads must be at least 1".into(),
-            ));
+        if threads == 0 || threads > MAX_THREADS {
+            return Err(EngineError::InvalidArgument(format!(
+                "--threads {threads}: use 1 to {MAX_THREADS} (the number of cores is best)"
+            )));
         }
         let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(&model, 1))?;
         let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
@@ -127,7 +129,12 @@ impl Session {
         } else {
             (None, decode_size, decode_bound)
         };
-        let kv = KvCache::new(p.n_layer, ctx, p.kv_dim()).map_err(EngineError::Plan)?;
+        let kv = KvCache::new(p.n_layer, ctx, p.kv_dim()).map_err(|e| {
+            EngineError::InvalidArgument(format!(
+                "--ctx {ctx}: {e}; use a smaller context (the model was trained for {})",
+                p.n_ctx_train
+            ))
+        })?;
         let exec = Executor::new(arena_bytes, threads, ctx, p.head_dim, Kernels::detect())
             .map_err(EngineError::Plan)?;
         let report = MemoryReport {

@@ -46,7 +46,8 @@ pub struct ThreadPool {
 
 impl ThreadPool {
     /// A pool of `n_threads` (>= 1) threads in all, counting the caller of [`ThreadPool::run`].
-    pub fn new(n_threads: usize) -> ThreadPool {
+    /// Fails if the OS refuses to start a thread.
+    pub fn new(n_threads: usize) -> Result<ThreadPool, String> {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
@@ -57,20 +58,21 @@ impl ThreadPool {
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let workers = (1..n_threads)
-            .map(|index| {
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("edge-run-{index}"))
-                    .spawn(move || worker_loop(&shared, index))
-                    .expect("spawning a worker thread")
-            })
-            .collect();
-        ThreadPool {
+        let mut pool = ThreadPool {
             shared,
-            workers,
+            workers: Vec::with_capacity(n_threads - 1),
             n_threads,
+        };
+        for index in 1..n_threads {
+            let shared = Arc::clone(&pool.shared);
+            let worker = std::thread::Builder::new()
+                .name(format!("edge-run-{index}"))
+                .spawn(move || worker_loop(&shared, index))
+                // Dropping `pool` stops the workers already started.
+                .map_err(|e| format!("cannot start thread {index} of {n_threads}: {e}"))?;
+            pool.workers.push(worker);
         }
+        Ok(pool)
     }
 
     /// Number of threads, the caller included.
@@ -249,7 +251,7 @@ mod tests {
 
     #[test]
     fn every_thread_runs_every_job() {
-        let pool = ThreadPool::new(3);
+        let pool = ThreadPool::new(3).unwrap();
         let hits = AtomicUsize::new(0);
         for _ in 0..100 {
             assert!(pool.run(&|i| {
@@ -261,7 +263,7 @@ mod tests {
 
     #[test]
     fn barrier_orders_phases() {
-        let pool = ThreadPool::new(4);
+        let pool = ThreadPool::new(4).unwrap();
         let barrier = SpinBarrier::new(4);
         let data: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
         let ok = AtomicBool::new(true);
@@ -280,7 +282,7 @@ mod tests {
 
     #[test]
     fn panics_are_reported() {
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::new(2).unwrap();
         assert!(!pool.run(&|i| assert!(i != 1, "worker panics")));
         assert!(pool.run(&|_| {}));
     }

@@ -229,17 +229,40 @@ fn arena_plan_is_sound_and_logits_are_last_position_only() {
             .map(|(_, v)| v.bytes())
             .max()
             .unwrap();
-        assert!(biggest_other < n_vocab * 4 * ubatch.max(2) / 2, "ubatch {ubatch}: a buffer of {biggest_other} bytes");
+        assert!(
+            biggest_other < n_vocab * 4 * ubatch.max(2) / 2,
+            "ubatch {ubatch}: a buffer of {biggest_other} bytes"
+        );
         let buffers = graph.buffers(ALIGN);
         let plan = edge_arena::plan(&buffers).unwrap();
         edge_arena::check(&buffers, &plan.offsets, plan.size).unwrap();
         assert!(plan.size >= plan.lower_bound);
         // The planner reuses memory: far less than the sum of all activations.
         let total: usize = buffers.iter().map(|b| b.size).sum();
-        assert!(plan.size * 4 < total, "ubatch {ubatch}: arena {} of {total} bytes", plan.size);
+        assert!(
+            plan.size * 4 < total,
+            "ubatch {ubatch}: arena {} of {total} bytes",
+            plan.size
+        );
     }
-    let small = Session::new(model.clone(), &SessionConfig { ctx: Some(512), ubatch: Some(1), threads: Some(1) }).unwrap();
-    let large = Session::new(model.clone(), &SessionConfig { ctx: Some(8192), ubatch: Some(1), threads: Some(1) }).unwrap();
+    let small = Session::new(
+        model.clone(),
+        &SessionConfig {
+            ctx: Some(512),
+            ubatch: Some(1),
+            threads: Some(1),
+        },
+    )
+    .unwrap();
+    let large = Session::new(
+        model.clone(),
+        &SessionConfig {
+            ctx: Some(8192),
+            ubatch: Some(1),
+            threads: Some(1),
+        },
+    )
+    .unwrap();
     assert_eq!(small.memory().arena_bytes, large.memory().arena_bytes);
     assert_eq!(large.memory().kv_bytes, 16 * small.memory().kv_bytes);
 }

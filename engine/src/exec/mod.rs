@@ -31,7 +31,8 @@ pub struct KvCache {
 impl KvCache {
     /// Allocates the cache (zeroed).
     pub fn new(n_layer: usize, ctx: usize, kv_dim: usize) -> Result<KvCache, String> {
-        let bytes = KvCache::bytes_for(n_layer, ctx, kv_dim);
+        let bytes = KvCache::bytes_for(n_layer, ctx, kv_dim)
+            .ok_or_else(|| format!("a KV cache of {ctx} positions does not fit in memory"))?;
         Ok(KvCache {
             mem: SharedMem::new(bytes)?,
             n_layer,
@@ -40,9 +41,11 @@ impl KvCache {
         })
     }
 
-    /// Bytes a cache of this shape takes.
-    pub fn bytes_for(n_layer: usize, ctx: usize, kv_dim: usize) -> usize {
-        2 * n_layer * ctx * kv_dim * std::mem::size_of::<f16>()
+    /// Bytes a cache of this shape takes (`None` if that overflows).
+    pub fn bytes_for(n_layer: usize, ctx: usize, kv_dim: usize) -> Option<usize> {
+        [n_layer, ctx, kv_dim, std::mem::size_of::<f16>()]
+            .iter()
+            .try_fold(2usize, |acc, &x| acc.checked_mul(x))
     }
 
     /// Positions the cache holds.
@@ -113,7 +116,7 @@ impl Executor {
         let scratch_per_thread =
             scratch_bytes_per_thread(ctx, head_dim).next_multiple_of(memory::ALIGN);
         Ok(Executor {
-            pool: ThreadPool::new(n_threads),
+            pool: ThreadPool::new(n_threads)?,
             barrier: SpinBarrier::new(n_threads.max(1)),
             kernels,
             arena: SharedMem::new(arena_bytes)?,

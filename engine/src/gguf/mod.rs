@@ -539,7 +539,14 @@ impl Gguf {
             source,
         };
         let file = std::fs::File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
+        let meta = file.metadata().map_err(io_err)?;
+        if meta.is_dir() {
+            return Err(io_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory, not a GGUF file",
+            )));
+        }
+        let len = meta.len();
         let storage = if len == 0 {
             // Mapping zero bytes is not portable; an empty file is simply too short.
             Storage::Owned(Vec::new())
