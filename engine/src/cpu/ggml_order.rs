@@ -21,12 +21,18 @@
 
 use half::f16;
 
+/// f16 -> f32 without `half`'s per-call CPU feature check (exact).
+#[inline(always)]
+fn h(x: f16) -> f32 {
+    super::f16_bits_to_f32(x.to_bits())
+}
+
 /// Lanes of an AVX-512 float vector.
 pub const LANES: usize = 16;
 
 /// `_mm512_reduce_add_ps` as GCC implements it: halves added pairwise down to 4 lanes, then
 /// `(t0 + t2) + (t1 + t3)`.
-#[inline]
+#[inline(always)]
 pub fn reduce16(a: &[f32; LANES]) -> f32 {
     let mut t3 = [0.0f32; 8];
     for i in 0..8 {
@@ -41,6 +47,7 @@ pub fn reduce16(a: &[f32; LANES]) -> f32 {
 
 /// `ggml_vec_dot_f16(n, a, b)` of the AVX-512 build: sum of `a[i] * b[i]` in ggml's order.
 /// `b` holds f16 values widened to f32 (ggml converts that operand to f16 first).
+#[inline(always)]
 pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     const STEP: usize = 4 * LANES;
@@ -52,7 +59,7 @@ pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
         for (j, acc_j) in acc.iter_mut().enumerate() {
             let base = i + j * LANES;
             for (l, s) in acc_j.iter_mut().enumerate() {
-                *s = a[base + l].to_f32().mul_add(b[base + l], *s);
+                *s = h(a[base + l]).mul_add(b[base + l], *s);
             }
         }
         i += STEP;
@@ -63,7 +70,7 @@ pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
     }
     let mut sum = f64::from(reduce16(&folded));
     for k in np..n {
-        sum += f64::from(a[k].to_f32() * b[k]);
+        sum += f64::from(h(a[k]) * b[k]);
     }
     sum as f32
 }
@@ -71,13 +78,14 @@ pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
 /// One element of llamafile's tinyBLAS f16 GEMM of the AVX-512 build: a single 16-lane FMA
 /// chain over `k` (a multiple of 16 there; a shorter tail is folded into the lanes it would
 /// occupy), then the tree reduction.
+#[inline(always)]
 pub fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len().min(b.len());
     let mut acc = [0.0f32; LANES];
     for k in 0..n {
         let l = k % LANES;
-        acc[l] = a[k].to_f32().mul_add(b[k], acc[l]);
+        acc[l] = h(a[k]).mul_add(b[k], acc[l]);
     }
     reduce16(&acc)
 }
@@ -90,7 +98,7 @@ pub const STEP_LANES: usize = 4 * LANES;
 
 /// Adds `a * b` as term number `k` of an ordered dot product accumulating in `acc` (16 or 64
 /// slots).
-#[inline]
+#[inline(always)]
 pub fn accumulate(acc: &mut [f32], k: usize, a: f32, b: f32) {
     let slot = k % acc.len();
     acc[slot] = a.mul_add(b, acc[slot]);
@@ -98,6 +106,7 @@ pub fn accumulate(acc: &mut [f32], k: usize, a: f32, b: f32) {
 
 /// The sum of an accumulator filled by [`accumulate`]: 64 slots are folded as
 /// `ggml_vec_dot_f16` folds its four vectors, then the 16 lanes are tree-reduced.
+#[inline(always)]
 pub fn accumulated_sum(acc: &[f32]) -> f32 {
     let mut lanes = [0.0f32; LANES];
     if acc.len() == STEP_LANES {
@@ -112,7 +121,7 @@ pub fn accumulated_sum(acc: &[f32]) -> f32 {
 
 /// `ggml_v_expf`: e^x with llama.cpp's polynomial (max error about 1.5 ulp), operation for
 /// operation.
-#[inline]
+#[inline(always)]
 pub fn expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
@@ -134,11 +143,13 @@ pub fn expf(x: f32) -> f32 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
     // _mm512_scalef_ps: j * 2^n, rounded once (the f64 product is exact).
-    (f64::from(j) * 2f64.powi(n as i32)) as f32
+    // 2^n for |n| <= 192 is a normal f64, built from its exponent bits.
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (f64::from(j) * two_n) as f32
 }
 
 /// `ggml_v_silu`: x / (1 + e^-x) with [`expf`].
-#[inline]
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + expf(0.0 - x))
 }

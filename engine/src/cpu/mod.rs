@@ -213,7 +213,7 @@ fn f16_le(b: [u8; 2]) -> f32 {
 /// position and multiplying by 2^112 rebiases normals and subnormals exactly; inf and NaN are
 /// patched afterwards.
 #[inline(always)]
-fn f16_bits_to_f32(h: u16) -> f32 {
+pub fn f16_bits_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
     let sign = (h & 0x8000) << 16;
     let em = h & 0x7fff;

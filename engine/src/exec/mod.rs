@@ -65,6 +65,34 @@ impl KvCache {
     }
 }
 
+/// One row of `silu(gate) * up` with ggml's SiLU (its own exp polynomial; see
+/// [`cpu::ggml_order`]).
+#[inline(always)]
+fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = cpu::ggml_order::silu(g) * u;
+    }
+}
+
+/// [`swiglu_row`] compiled with hardware FMA (see [`OpCtx::attention_fma`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn swiglu_row_fma(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    swiglu_row(gate, up, out)
+}
+
+/// The operands of an attention op.
+#[derive(Clone, Copy)]
+struct AttentionArgs {
+    q: ValueId,
+    layer: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    scale: f32,
+    out: ValueId,
+}
+
 /// Whether `EDGE_RUN_DUMP` asks for a per-op trace of values (a debugging aid).
 fn dump_enabled() -> bool {
     std::env::var_os("EDGE_RUN_DUMP").is_some_and(|v| !v.is_empty() && v != "0")
@@ -324,7 +352,23 @@ impl OpCtx<'_> {
                 head_dim,
                 scale,
                 out,
-            } => self.attention(q, layer, n_head, n_head_kv, head_dim, scale, out),
+            } => {
+                let a = AttentionArgs {
+                    q,
+                    layer,
+                    n_head,
+                    n_head_kv,
+                    head_dim,
+                    scale,
+                    out,
+                };
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU supports FMA (checked), the only feature it enables.
+                    return unsafe { self.attention_fma(a) };
+                }
+                self.attention(a)
+            }
             Op::Add { a, b, out } => {
                 let cols = self.cols(out);
                 for t in self.share(self.rows_of(out), 1) {
@@ -338,10 +382,14 @@ impl OpCtx<'_> {
                 let cols = self.cols(out);
                 for t in self.share(self.rows_of(out), 1) {
                     let (g, u) = (self.input(gate, t..t + 1), self.input(up, t..t + 1));
-                    // ggml's SiLU uses its own exp polynomial; follow it (see cpu::ggml_order).
-                    for ((o, &g), &u) in self.output(out, t, 0..cols).iter_mut().zip(g).zip(u) {
-                        *o = cpu::ggml_order::silu(g) * u;
+                    let o = self.output(out, t, 0..cols);
+                    #[cfg(target_arch = "x86_64")]
+                    if std::arch::is_x86_feature_detected!("fma") {
+                        // SAFETY: the CPU supports FMA (checked), the only feature it enables.
+                        unsafe { swiglu_row_fma(g, u, o) };
+                        continue;
                     }
+                    swiglu_row(g, u, o);
                 }
             }
             Op::TakeLast { x, out } => {
@@ -483,17 +531,25 @@ impl OpCtx<'_> {
     /// to f16, then `V·p`; the dot products are added in the order ggml uses for one token
     /// (`ggml_vec_dot_f16`) or for a batch (tinyBLAS), see [`cpu::ggml_order`]. One row of scores
     /// per thread; no score matrix.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        q: ValueId,
-        layer: usize,
-        n_head: usize,
-        n_head_kv: usize,
-        head_dim: usize,
-        scale: f32,
-        out: ValueId,
-    ) {
+    /// [`OpCtx::attention`] compiled with hardware FMA: the ggml-ordered kernels are chains of
+    /// fused multiply-adds, each a libm call without the instruction. Same results either way.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn attention_fma(&self, a: AttentionArgs) {
+        self.attention(a)
+    }
+
+    #[inline(always)]
+    fn attention(&self, a: AttentionArgs) {
+        let AttentionArgs {
+            q,
+            layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            scale,
+            out,
+        } = a;
         use cpu::ggml_order::{self as order, LANES, STEP_LANES};
         let group = n_head / n_head_kv;
         let n_tok = self.n_tokens();
@@ -559,7 +615,7 @@ impl OpCtx<'_> {
                     .chunks_exact_mut(width)
                     .zip(&vrow[kvh * head_dim..(kvh + 1) * head_dim])
                 {
-                    order::accumulate(acc, p, v.to_f32(), prob);
+                    order::accumulate(acc, p, cpu::f16_bits_to_f32(v.to_bits()), prob);
                 }
             }
             for (o, acc) in self
