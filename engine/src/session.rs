@@ -6,7 +6,9 @@ use std::sync::Arc;
 use crate::arch;
 use crate::cpu::Kernels;
 use crate::error::{EngineError, Result};
-use crate::exec::{memory::ALIGN, Executor, KvCache, PlannedGraph, RunArgs};
+use crate::exec::{
+    memory::ALIGN, scratch_bytes_per_thread, Executor, KvCache, PlannedGraph, RunArgs,
+};
 use crate::graph::Graph;
 use crate::model::Model;
 
@@ -48,6 +50,11 @@ impl MemoryReport {
     pub fn owned_bytes(&self) -> u64 {
         self.kv_bytes + self.arena_bytes + self.scratch_bytes
     }
+
+    /// Owned bytes plus the mapped weights.
+    pub fn total_bytes(&self) -> u64 {
+        self.owned_bytes() + self.weights_bytes
+    }
 }
 
 /// Plans `graph` into an arena and proves the plan sound (the executor's memory safety
@@ -65,6 +72,81 @@ pub fn plan_graph(graph: Graph) -> Result<(PlannedGraph, usize, usize)> {
         plan.size,
         plan.lower_bound,
     ))
+}
+
+/// Everything a session will own, planned but not allocated: the resolved sizes, the planned
+/// graphs and the [`MemoryReport`]. `edge-run plan` and budget checks use it to answer "will it
+/// fit?" before anything is allocated; [`Session::new`] allocates exactly what it says.
+pub struct SessionPlan {
+    /// Context size in tokens.
+    pub ctx: usize,
+    /// Tokens per prefill run.
+    pub ubatch: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Memory the session will hold.
+    pub report: MemoryReport,
+    decode: PlannedGraph,
+    prefill: Option<PlannedGraph>,
+}
+
+impl SessionPlan {
+    /// Resolves the configuration's defaults, builds and plans the graphs, and computes the
+    /// memory report. Allocates nothing that grows with the context.
+    pub fn new(model: &Model, cfg: &SessionConfig) -> Result<SessionPlan> {
+        let p = &model.params;
+        let ctx = cfg.ctx.unwrap_or(DEFAULT_CTX.min(p.n_ctx_train));
+        if ctx == 0 {
+            return Err(EngineError::InvalidArgument(
+                "--ctx must be at least 1".into(),
+            ));
+        }
+        let ubatch = cfg.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx);
+        if ubatch == 0 {
+            return Err(EngineError::InvalidArgument(
+                "--ubatch must be at least 1".into(),
+            ));
+        }
+        let threads = cfg
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        if threads == 0 || threads > MAX_THREADS {
+            return Err(EngineError::InvalidArgument(format!(
+                "--threads {threads}: use 1 to {MAX_THREADS} (the number of cores is best)"
+            )));
+        }
+        let kv_bytes = KvCache::bytes_for(p.n_layer, ctx, p.kv_dim()).ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "--ctx {ctx}: the KV cache would not fit in memory; use a smaller context (the model was trained for {})",
+                p.n_ctx_train
+            ))
+        })?;
+        let scratch_bytes = scratch_bytes_per_thread(ctx, p.head_dim)
+            .checked_next_multiple_of(ALIGN)
+            .and_then(|b| b.checked_mul(threads))
+            .ok_or_else(|| EngineError::InvalidArgument(format!("--ctx {ctx}: too large")))?;
+        let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(model, 1))?;
+        let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
+            let (pg, size, bound) = plan_graph(arch::llama::build_graph(model, ubatch))?;
+            (Some(pg), size.max(decode_size), bound.max(decode_bound))
+        } else {
+            (None, decode_size, decode_bound)
+        };
+        Ok(SessionPlan {
+            ctx,
+            ubatch,
+            threads,
+            report: MemoryReport {
+                weights_bytes: model.weight_bytes_total(),
+                kv_bytes: kv_bytes as u64,
+                arena_bytes: arena_bytes as u64,
+                arena_lower_bound_bytes: lower_bound as u64,
+                scratch_bytes: scratch_bytes as u64,
+            },
+            decode,
+            prefill,
+        })
+    }
 }
 
 /// One conversation's state: KV cache, arena, threads; the model is shared.
@@ -93,59 +175,40 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Opens a session: builds and plans the graphs, allocates the KV cache and the arena once.
+    /// Opens a session: builds and plans the graphs ([`SessionPlan`]), then allocates the KV
+    /// cache and the arena, once.
     pub fn new(model: Arc<Model>, cfg: &SessionConfig) -> Result<Session> {
+        let plan = SessionPlan::new(&model, cfg)?;
         let p = &model.params;
-        let ctx = cfg.ctx.unwrap_or(DEFAULT_CTX.min(p.n_ctx_train));
-        if ctx == 0 {
-            return Err(EngineError::InvalidArgument(
-                "--ctx must be at least 1".into(),
-            ));
-        }
-        if ctx > p.n_ctx_train {
+        if plan.ctx > p.n_ctx_train {
             log::warn!(
-                "context {ctx} is larger than the {} tokens the model was trained for; quality may drop",
+                "context {} is larger than the {} tokens the model was trained for; quality may drop",
+                plan.ctx,
                 p.n_ctx_train
             );
         }
-        let ubatch = cfg.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx);
-        if ubatch == 0 {
-            return Err(EngineError::InvalidArgument(
-                "--ubatch must be at least 1".into(),
-            ));
-        }
-        let threads = cfg
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        if threads == 0 || threads > MAX_THREADS {
-            return Err(EngineError::InvalidArgument(format!(
-                "--threads {threads}: use 1 to {MAX_THREADS} (the number of cores is best)"
-            )));
-        }
-        let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(&model, 1))?;
-        let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
-            let (pg, size, bound) = plan_graph(arch::llama::build_graph(&model, ubatch))?;
-            (Some(pg), size.max(decode_size), bound.max(decode_bound))
-        } else {
-            (None, decode_size, decode_bound)
-        };
-        let kv = KvCache::new(p.n_layer, ctx, p.kv_dim()).map_err(|e| {
+        let kv = KvCache::new(p.n_layer, plan.ctx, p.kv_dim()).map_err(|e| {
             EngineError::InvalidArgument(format!(
-                "--ctx {ctx}: {e}; use a smaller context (the model was trained for {})",
-                p.n_ctx_train
+                "--ctx {}: {e}; use a smaller context (the model was trained for {})",
+                plan.ctx, p.n_ctx_train
             ))
         })?;
-        let exec = Executor::new(arena_bytes, threads, ctx, p.head_dim, Kernels::detect())
-            .map_err(EngineError::Plan)?;
-        let report = MemoryReport {
-            weights_bytes: model.weight_bytes_total(),
-            kv_bytes: kv.bytes() as u64,
-            arena_bytes: arena_bytes as u64,
-            arena_lower_bound_bytes: lower_bound as u64,
-            scratch_bytes: exec.scratch_bytes() as u64,
-        };
+        let exec = Executor::new(
+            plan.report.arena_bytes as usize,
+            plan.threads,
+            plan.ctx,
+            p.head_dim,
+            Kernels::detect(),
+        )
+        .map_err(|e| EngineError::InvalidArgument(format!("cannot allocate the session: {e}")))?;
+        debug_assert_eq!(exec.scratch_bytes() as u64, plan.report.scratch_bytes);
+        debug_assert_eq!(kv.bytes() as u64, plan.report.kv_bytes);
+        let report = plan.report;
         log::info!(
-            "session: ctx {ctx}, ubatch {ubatch}, {threads} threads, kernels {}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
+            "session: ctx {}, ubatch {}, {} threads, kernels {}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
+            plan.ctx,
+            plan.ubatch,
+            plan.threads,
             exec.kernels().isa_name(),
             report.kv_bytes as f64 / 1048576.0,
             report.arena_bytes as f64 / 1048576.0,
@@ -156,9 +219,9 @@ impl Session {
             model,
             kv,
             exec,
-            decode,
-            prefill,
-            ubatch,
+            decode: plan.decode,
+            prefill: plan.prefill,
+            ubatch: plan.ubatch,
             n_past: 0,
             report,
             has_logits: false,
