@@ -111,9 +111,8 @@ pub enum Op {
         layer: usize,
     },
     /// Causal grouped-query attention of q over the cached keys/values of `layer`
-    /// (positions 0..=pos0+t for row t), tiled: a first pass over tiles finds the softmax
-    /// maximum and denominator online, a second recomputes the scores and accumulates V. No
-    /// buffer of scores longer than one tile exists, whatever the context.
+    /// (positions 0..=pos0+t for row t), computed per (token, head) with one row of scores in
+    /// per-thread scratch: no score matrix exists, whatever the ubatch.
     Attention {
         q: ValueId,
         layer: usize,
