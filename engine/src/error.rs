@@ -65,6 +65,9 @@ pub enum EngineError {
         /// The model's trained context.
         max: usize,
     },
+    /// The session would not fit in the memory budget; nothing was allocated.
+    #[error("{}", budget_line(.0))]
+    Budget(Box<edge_targets::BudgetError>),
     /// A bad argument to the library or the CLI.
     #[error("{0}")]
     InvalidArgument(String),
@@ -82,6 +85,29 @@ pub enum EngineError {
         /// The OS error.
         source: std::io::Error,
     },
+}
+
+/// One line: needed vs budget per component, and the fix.
+fn budget_line(e: &edge_targets::BudgetError) -> String {
+    use edge_targets::format_size as fs;
+    let d = &e.demand;
+    let weights = if e.budget.count_weights {
+        format!(" + weights {}", fs(d.weights))
+    } else {
+        String::new()
+    };
+    let fix = match e.largest_fitting_ctx {
+        Some(ctx) => format!("use --ctx {ctx} or less, or a larger --mem-budget"),
+        None => "even the smallest context does not fit: use a larger --mem-budget".to_string(),
+    };
+    format!(
+        "memory budget exceeded: need {} (kv cache {} + arena {} + scratch {}{weights}), budget {}; {fix}",
+        fs(e.needed()),
+        fs(d.kv),
+        fs(d.arena),
+        fs(d.scratch),
+        fs(e.budget.limit_bytes)
+    )
 }
 
 /// Result with [`EngineError`].

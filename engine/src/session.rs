@@ -90,6 +90,17 @@ pub struct SessionPlan {
     prefill: Option<PlannedGraph>,
 }
 
+impl std::fmt::Debug for SessionPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionPlan")
+            .field("ctx", &self.ctx)
+            .field("ubatch", &self.ubatch)
+            .field("threads", &self.threads)
+            .field("report", &self.report)
+            .finish()
+    }
+}
+
 impl SessionPlan {
     /// Resolves the configuration's defaults, builds and plans the graphs, and computes the
     /// memory report. Allocates nothing that grows with the context.
@@ -149,6 +160,78 @@ impl SessionPlan {
     }
 }
 
+impl SessionPlan {
+    /// What the budget would be charged for this plan.
+    pub fn demand(&self) -> edge_targets::Demand {
+        edge_targets::Demand {
+            weights: self.report.weights_bytes,
+            kv: self.report.kv_bytes,
+            arena: self.report.arena_bytes,
+            scratch: self.report.scratch_bytes,
+        }
+    }
+
+    /// Plans a session within `budget`. With `cfg.ctx` given, refuses (before allocating
+    /// anything) if it does not fit, naming each component and the largest context that would.
+    /// Without it, picks the largest context (up to the model's trained context) that fits.
+    pub fn within_budget(
+        model: &Model,
+        cfg: &SessionConfig,
+        budget: &edge_targets::Budget,
+    ) -> Result<SessionPlan> {
+        let max_ctx = model.params.n_ctx_train as u64;
+        let probe = |ctx: u64| -> edge_targets::Demand {
+            let c = SessionConfig {
+                ctx: Some(ctx as usize),
+                ..cfg.clone()
+            };
+            match SessionPlan::new(model, &c) {
+                Ok(plan) => plan.demand(),
+                // An impossible size never fits.
+                Err(_) => edge_targets::Demand {
+                    weights: u64::MAX,
+                    ..Default::default()
+                },
+            }
+        };
+        let largest = || edge_targets::largest_fitting(budget, 1, max_ctx, probe);
+        match cfg.ctx {
+            Some(_) => {
+                let plan = SessionPlan::new(model, cfg)?;
+                budget.check(&plan.demand()).map_err(|e| {
+                    EngineError::Budget(Box::new(e.with_largest_fitting_ctx(largest())))
+                })?;
+                Ok(plan)
+            }
+            None => match largest() {
+                Some(ctx) => SessionPlan::new(
+                    model,
+                    &SessionConfig {
+                        ctx: Some(ctx as usize),
+                        ..cfg.clone()
+                    },
+                ),
+                None => {
+                    let plan = SessionPlan::new(
+                        model,
+                        &SessionConfig {
+                            ctx: Some(1),
+                            ..cfg.clone()
+                        },
+                    )?;
+                    let err = budget
+                        .check(&plan.demand())
+                        .err()
+                        .map(|e| EngineError::Budget(Box::new(e.with_largest_fitting_ctx(None))));
+                    Err(err.unwrap_or_else(|| {
+                        EngineError::Plan("budget search found no context; this is a bug".into())
+                    }))
+                }
+            },
+        }
+    }
+}
+
 /// One conversation's state: KV cache, arena, threads; the model is shared.
 pub struct Session {
     model: Arc<Model>,
@@ -179,6 +262,12 @@ impl Session {
     /// cache and the arena, once.
     pub fn new(model: Arc<Model>, cfg: &SessionConfig) -> Result<Session> {
         let plan = SessionPlan::new(&model, cfg)?;
+        Session::from_plan(model, plan)
+    }
+
+    /// Opens a session from a plan made for this model (e.g. by
+    /// [`SessionPlan::within_budget`]): allocates exactly what the plan's report says.
+    pub fn from_plan(model: Arc<Model>, plan: SessionPlan) -> Result<Session> {
         let p = &model.params;
         if plan.ctx > p.n_ctx_train {
             log::warn!(

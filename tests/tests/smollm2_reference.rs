@@ -266,3 +266,54 @@ fn arena_plan_is_sound_and_logits_are_last_position_only() {
     assert_eq!(small.memory().arena_bytes, large.memory().arena_bytes);
     assert_eq!(large.memory().kv_bytes, 16 * small.memory().kv_bytes);
 }
+
+/// A memory budget: an explicit context that does not fit is refused before anything is
+/// allocated, with the largest context that fits; without a context, the largest one that fits
+/// is chosen, and one more position would not fit.
+#[test]
+fn budget_refuses_or_picks_the_largest_context() {
+    use edge_engine::error::EngineError;
+    use edge_engine::session::SessionPlan;
+    use edge_targets::Budget;
+    let model = model();
+    let cfg = |ctx: Option<usize>| SessionConfig {
+        ctx,
+        ubatch: Some(64),
+        threads: Some(1),
+    };
+    let at_1024 = SessionPlan::new(&model, &cfg(Some(1024)))
+        .unwrap()
+        .report
+        .owned_bytes();
+    let budget = Budget {
+        limit_bytes: at_1024,
+        count_weights: false,
+    };
+    // 1024 fits exactly; 2048 does not, and the error names 1024 as the largest that fits.
+    assert!(SessionPlan::within_budget(&model, &cfg(Some(1024)), &budget).is_ok());
+    match SessionPlan::within_budget(&model, &cfg(Some(2048)), &budget) {
+        Err(EngineError::Budget(e)) => {
+            assert_eq!(e.largest_fitting_ctx, Some(1024));
+            let line = EngineError::Budget(e).to_string();
+            assert!(
+                !line.contains('\n') && line.contains("--ctx 1024"),
+                "{line}"
+            );
+        }
+        other => panic!("expected a budget error, got {other:?}"),
+    }
+    let picked = SessionPlan::within_budget(&model, &cfg(None), &budget).unwrap();
+    assert_eq!(picked.ctx, 1024);
+    // Counting the mapped weights (as on Orin) leaves less room.
+    let with_weights = Budget {
+        limit_bytes: at_1024,
+        count_weights: true,
+    };
+    let smaller = SessionPlan::within_budget(&model, &cfg(None), &with_weights);
+    assert!(
+        matches!(smaller, Err(EngineError::Budget(_))),
+        "92 MiB of weights do not fit in {at_1024} bytes"
+    );
+    let session = Session::from_plan(model.clone(), picked).unwrap();
+    assert_eq!(session.ctx(), 1024);
+}
