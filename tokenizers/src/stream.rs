@@ -4,18 +4,31 @@ use crate::Tokenizer;
 
 /// Turns a stream of token ids into text, holding back the bytes of a UTF-8 character until the
 /// token that completes it arrives (byte-level BPE and `<0xXX>` tokens split characters).
-/// Bytes that can never form a character become U+FFFD. Reuses its buffers: no allocation per
-/// token once they have grown to the largest piece.
-#[derive(Debug, Default, Clone)]
+/// Bytes that can never form a character become U+FFFD. Its buffers are sized up front for
+/// pieces of up to [`StreamDecoder::RESERVED`] bytes and reused: no allocation per token.
+#[derive(Debug, Clone)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
     out: String,
 }
 
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl StreamDecoder {
+    /// Bytes reserved for pending and emitted text: more than any real token piece (a longer
+    /// one still works; the buffer grows once).
+    pub const RESERVED: usize = 256;
+
     /// A decoder with nothing pending.
     pub fn new() -> Self {
-        Self::default()
+        StreamDecoder {
+            pending: Vec::with_capacity(Self::RESERVED),
+            out: String::with_capacity(Self::RESERVED * 3),
+        }
     }
 
     /// Adds token `id`; returns the text completed by it (`None` when nothing is complete yet).

@@ -1,0 +1,92 @@
+//! The per-token path allocates nothing: after the first token, `Session::step`, the sampler
+//! and the streaming detokenizer run without touching the heap (a counting global allocator
+//! proves it). This is what makes the memory plan true at run time.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use edge_engine::model::Model;
+use edge_engine::sampling::{Sampler, SamplerConfig};
+use edge_engine::session::{Session, SessionConfig};
+use edge_tokenizers::StreamDecoder;
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn decoding_allocates_nothing_per_token() {
+    let model = Arc::new(Model::load(edge_tests::smollm2_path()).unwrap());
+    let tok = &model.tokenizer;
+    for threads in [1, 2] {
+        let cfg = SessionConfig {
+            ctx: Some(256),
+            ubatch: Some(16),
+            threads: Some(threads),
+        };
+        let mut session = Session::new(model.clone(), &cfg).unwrap();
+        let mut sampler = Sampler::new(
+            SamplerConfig {
+                temperature: 0.8,
+                seed: 7,
+                ..Default::default()
+            },
+            model.params.n_vocab,
+        );
+        let mut stream = StreamDecoder::new();
+        let prompt = tok
+            .encode(
+                "Once upon a time, there was a little robot who",
+                false,
+                true,
+            )
+            .unwrap();
+        let mut next = sampler.sample(session.prefill(&prompt).unwrap());
+        // One warm-up token (lazy initialisations in the kernels' CPU detection, etc.).
+        sampler.accept(next);
+        let _ = stream.push(next, tok);
+        next = sampler.sample(session.step(next).unwrap());
+
+        ALLOCATIONS.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        let mut bytes = 0usize;
+        for _ in 0..40 {
+            sampler.accept(next);
+            if let Some(text) = stream.push(next, tok) {
+                bytes += text.len();
+            }
+            next = sampler.sample(session.step(next).unwrap());
+        }
+        COUNTING.store(false, Ordering::SeqCst);
+        let n = ALLOCATIONS.load(Ordering::SeqCst);
+        assert!(bytes > 0, "some text was produced");
+        assert_eq!(n, 0, "{threads} threads: {n} heap allocations in 40 tokens");
+    }
+}
