@@ -174,8 +174,10 @@ fn tflm_greedy_medium() {
         b(50, 0, 1),
     ];
     let p = planned(&bufs);
-    assert_eq!(p.offsets, [50, 70, 40, 0, 0]);
-    assert_eq!(p.size, 90);
+    // Greedy by size alone gives [50, 70, 40, 0, 0] and 90 bytes; taking the
+    // buffers in execution order reaches the bound.
+    assert_eq!(p.offsets, [50, 60, 0, 30, 0]);
+    assert_eq!(p.size, 80);
     // Op 1 has buffers 0, 1 and 4 live: 10 + 20 + 50.
     assert_eq!(p.lower_bound, 80);
 }
@@ -263,9 +265,11 @@ fn alignment_uses_aligned_point_inside_gap() {
         Buffer::new(16, 16, 2, 3),
     ];
     let p = planned(&bufs);
-    // z at [0, 17), w: 17 rounds up to 32, [32, 48) collides with y at 40 -> 80.
-    assert_eq!(p.offsets, [0, 40, 0, 80]);
-    assert_eq!(p.size, 96);
+    // Greedy by size: z at [0, 17), w: 17 rounds up to 32, [32, 48) collides
+    // with y at 40 -> 80, 96 bytes. Longest lifetime first puts y at 0, x and
+    // z at 40, w at 64: 80 bytes.
+    assert_eq!(p.offsets, [40, 0, 40, 64]);
+    assert_eq!(p.size, 80);
 
     let bufs = [
         Buffer::new(40, 1, 0, 1),
@@ -495,18 +499,22 @@ fn random_instances_are_valid_and_above_bound() {
         let max_size = 1 + rng.below(5000);
         let bufs = random_buffers(&mut rng, n, ops, max_size, 7);
         let p = planned(&bufs);
-        // The planner and the independent reference agree exactly.
+        // Greedy by size (the independent reference) is one of the passes, so
+        // the plan is never bigger; it is exactly it when no pass beats it.
         let (offsets, size) = place_in_order(&bufs, &greedy_order(&bufs));
-        assert_eq!((p.offsets, p.size), (offsets, size));
+        assert!(p.size <= size, "{bufs:?}");
+        if p.size == size {
+            assert_eq!(p.offsets, offsets);
+        }
     }
 }
 
-/// Greedy against the best of all `n!` placement orders (each order placed
+/// The plan against the best of all `n!` placement orders (each order placed
 /// lowest-offset-first by the independent reference) on random tiny instances.
-/// Returns the worst greedy / best ratio seen.
+/// Returns the worst plan / best-order ratio seen.
 fn brute_force(seed: u64, trials: usize, aligns: usize, round_sizes: bool) -> f64 {
     let mut rng = Rng(seed);
-    let (mut worst, mut at_best) = (1.0f64, 0);
+    let (mut worst, mut at_best, mut below_best) = (1.0f64, 0, 0);
     for _ in 0..trials {
         let n = 1 + rng.below(6);
         let ops = 1 + rng.below(6);
@@ -523,17 +531,20 @@ fn brute_force(seed: u64, trials: usize, aligns: usize, round_sizes: bool) -> f6
             check(&bufs, &offsets, size).unwrap();
             best = best.min(size);
         }
-        // lower_bound <= best order <= greedy (greedy is one of the orders).
+        // lower_bound <= every valid plan, and the plan is never worse than
+        // greedy by size (one of its passes, and one of the orders). A
+        // best-fit pass may even beat every lowest-offset order.
         assert!(p.lower_bound <= best, "{bufs:?}");
-        assert!(best <= p.size, "{bufs:?}");
+        assert!(p.size <= place_in_order(&bufs, &greedy_order(&bufs)).1);
         at_best += usize::from(p.size == best);
+        below_best += usize::from(p.size < best);
         if best > 0 {
             worst = worst.max(p.size as f64 / best as f64);
         }
     }
     eprintln!(
-        "aligns < {}, sizes rounded: {round_sizes}: greedy == best order in {at_best}/{trials}, \
-         worst ratio {worst:.3}",
+        "aligns < {}, sizes rounded: {round_sizes}: plan == best order in {at_best}/{trials}, \
+         better in {below_best}, worst ratio {worst:.3}",
         1 << aligns
     );
     worst
@@ -542,28 +553,23 @@ fn brute_force(seed: u64, trials: usize, aligns: usize, round_sizes: bool) -> f6
 #[test]
 fn brute_force_over_orders_without_alignment() {
     let worst = brute_force(0xD1B5_4A32_D192_ED03, 400, 1, false);
-    assert!(
-        worst <= 1.5,
-        "greedy more than 1.5x the best order: {worst}"
-    );
+    assert!(worst <= 1.5, "plan more than 1.5x the best order: {worst}");
 }
 
 #[test]
 fn brute_force_over_orders_with_sizes_multiple_of_alignment() {
     // The engine's case: tensor sizes are whole multiples of their alignment.
     let worst = brute_force(0x9E37_79B9_7F4A_7C15, 400, 7, true);
-    assert!(
-        worst <= 1.5,
-        "greedy more than 1.5x the best order: {worst}"
-    );
+    assert!(worst <= 1.5, "plan more than 1.5x the best order: {worst}");
 }
 
 #[test]
 fn brute_force_over_orders_with_adversarial_alignment() {
     // Alignments up to 64 on buffers of at most 64 bytes: padding dominates and
     // greedy-by-size can be ~3x worse than the best order (e.g. 28 B align 4 at
-    // 0 pushes 27 B align 64 to 64, where the other order needs 56 B). Only the
-    // ordering lower_bound <= best <= greedy is asserted (inside brute_force).
+    // 0 pushes 27 B align 64 to 64, where the other order needs 56 B); the
+    // other passes fix some of that. Only lower_bound <= best and plan <=
+    // greedy by size are asserted (inside brute_force).
     brute_force(0x2545_F491_4F6C_DD1D, 400, 7, false);
 }
 
