@@ -221,6 +221,8 @@ fn help_and_readme_list_the_same_flags() {
         &["--help"][..],
         &["tokenize", "--help"],
         &["inspect", "--help"],
+        &["plan", "--help"],
+        &["bench", "--help"],
     ] {
         let out = run(args);
         assert_eq!(out.code, Some(0), "{out:?}");
@@ -250,7 +252,7 @@ fn help_and_readme_list_the_same_flags() {
         assert!(help.contains(short), "--help lacks {short}");
         assert!(usage.contains(short), "README Usage lacks {short}");
     }
-    for sub in ["tokenize", "inspect"] {
+    for sub in ["tokenize", "inspect", "plan", "bench"] {
         assert!(
             help.contains(sub) && usage.contains(sub),
             "{sub} undocumented"
@@ -821,4 +823,171 @@ fn generation_stops_when_the_context_is_full() {
     assert!(out.stderr.contains("stopped: context full"), "{out:?}");
     // 5 prompt tokens + generated ones fill 8 positions; one more token is sampled from the last
     assert!(out.stderr.contains("generated: 4 tokens"), "{out:?}");
+}
+
+// ---------------------------------------------------------------- plan and bench
+
+fn json_out(out: &Out) -> serde_json::Value {
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1, "one JSON line: {out:?}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+}
+
+fn u(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing or not a count: {v}"))
+}
+
+#[test]
+fn plan_reports_consistent_memory() {
+    let m = model();
+    let m = s(&m);
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["plan", m, "--json", "-t", "1"],
+        vec![
+            "plan", m, "--json", "--ctx", "512", "--ubatch", "1", "-t", "1",
+        ],
+        vec![
+            "plan", m, "--json", "--ctx", "8192", "--ubatch", "1", "-t", "1",
+        ],
+        vec![
+            "plan", m, "--json", "-c", "1024", "--ubatch", "64", "-t", "3",
+        ],
+    ];
+    let outs = par_map(&cases, |args| run(args));
+    let vs: Vec<serde_json::Value> = outs.iter().map(json_out).collect();
+    for (args, v) in cases.iter().zip(&vs) {
+        let ctx = u(v, "ctx");
+        // SmolLM2-135M: 30 layers, kv_dim 192, K and V in f16
+        assert_eq!(u(v, "kv_bytes"), 2 * 30 * ctx * 192 * 2, "{args:?}: {v}");
+        let owned = u(v, "kv_bytes") + u(v, "arena_bytes") + u(v, "scratch_bytes");
+        assert_eq!(u(v, "owned_bytes"), owned, "{args:?}: {v}");
+        assert_eq!(
+            u(v, "total_bytes"),
+            owned + u(v, "weights_bytes"),
+            "{args:?}: {v}"
+        );
+        assert!(
+            u(v, "arena_bytes") >= u(v, "arena_lower_bound_bytes"),
+            "{v}"
+        );
+        assert!(u(v, "arena_lower_bound_bytes") > 0, "{v}");
+        assert!(u(v, "weights_bytes") > 50 << 20, "{v}");
+        assert!(u(v, "ubatch") >= 1 && u(v, "threads") >= 1, "{v}");
+    }
+    assert_eq!(u(&vs[0], "ctx"), 4096, "default ctx: {}", vs[0]);
+    assert_eq!(u(&vs[0], "ubatch"), 512, "default ubatch: {}", vs[0]);
+    assert_eq!(u(&vs[0], "threads"), 1);
+    assert_eq!(
+        (u(&vs[3], "ctx"), u(&vs[3], "ubatch"), u(&vs[3], "threads")),
+        (1024, 64, 3)
+    );
+    // activations do not grow with the context at ubatch 1 (attention is tiled)
+    assert_eq!(u(&vs[1], "arena_bytes"), u(&vs[2], "arena_bytes"));
+    assert!(u(&vs[0], "arena_bytes") > u(&vs[1], "arena_bytes"));
+
+    let out = run(&["plan", m, "--ctx", "2048", "-t", "2"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    for needle in [
+        "weights",
+        "mapped",
+        "q4_1",
+        "KV cache",
+        "f16",
+        "arena",
+        "lower bound",
+        "scratch",
+        "total owned",
+        "total with weights",
+        "ctx 2048",
+        "2 threads",
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "plan lacks {needle:?}: {out:?}"
+        );
+    }
+    assert!(
+        out.stdout
+            .contains(&(2u64 * 30 * 2048 * 192 * 2).to_string()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn bench_measures_positive_speeds() {
+    let m = model();
+    let out = run(&[
+        "bench",
+        s(&m),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--json",
+    ]);
+    let v = json_out(&out);
+    for key in ["pp", "pp_sd", "tg", "tg_sd"] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key}: {v}"));
+        assert!(x.is_finite() && x >= 0.0, "{key}: {v}");
+    }
+    assert!(
+        v["pp"].as_f64().unwrap() > 0.0 && v["tg"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert_eq!(
+        (u(&v, "p"), u(&v, "n"), u(&v, "r"), u(&v, "threads")),
+        (8, 4, 2, 1)
+    );
+    assert!(
+        ["scalar", "avx2"].contains(&v["isa"].as_str().unwrap()),
+        "{v}"
+    );
+
+    let out = run(&["bench", s(&m), "-p", "4", "-n", "2", "-r", "1", "-t", "1"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("pp4") && out.stdout.contains("tg2"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains(" ± "), "{out:?}");
+}
+
+#[test]
+fn plan_and_bench_bad_arguments_give_one_line_errors() {
+    let m = model();
+    let m = s(&m);
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["plan"], vec!["<MODEL>", "plan --help"]),
+        (vec!["plan", m, "--ctx", "0"], vec!["--ctx", "at least 1"]),
+        (vec!["plan", m, "--ctx", "lots"], vec!["--ctx", "'lots'"]),
+        (vec!["plan", m, "--ctx", "100000"], vec!["--ctx", "8192"]),
+        (vec!["plan", m, "--ubatch", "-1"], vec!["--ubatch", "'-1'"]),
+        (vec!["plan", m, "-t", "0"], vec!["--threads", "1 to 1024"]),
+        (vec!["plan", m, "--mem-budget", "1G"], vec!["--mem-budget", "plan --help"]),
+        (vec!["plan", "/no/such/model.gguf"], vec!["/no/such/model.gguf", "no such file"]),
+        (vec!["bench"], vec!["<MODEL>", "bench --help"]),
+        (vec!["bench", m, "-r", "0"], vec!["--repetitions", "at least 1"]),
+        (vec!["bench", m, "-p", "0"], vec!["--n-prompt", "at least 1"]),
+        (vec!["bench", m, "-n", "-4"], vec!["--n-gen", "'-4'"]),
+        (vec!["bench", m, "-p", "x"], vec!["--n-prompt", "'x'"]),
+        (vec!["bench", m, "-t", "2000"], vec!["--threads", "1 to 1024"]),
+        (vec!["bench", m, "-p", "9000"], vec!["9000", "8192"]),
+        (vec!["bench", m, "--bogus"], vec!["--bogus", "bench --help"]),
+    ];
+    let outs = par_map(&cases, |(args, _)| run(args));
+    for ((args, needles), out) in cases.iter().zip(&outs) {
+        eprintln!("edge-run {}", args.join(" "));
+        assert_error(out, needles);
+        let file_problem = args.contains(&"/no/such/model.gguf");
+        assert_eq!(out.code, Some(if file_problem { 1 } else { 2 }), "{out:?}");
+    }
 }

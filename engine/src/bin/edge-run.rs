@@ -1,8 +1,10 @@
 //! `edge-run`: run a GGUF language model on this machine.
 //!
 //! `edge-run MODEL.gguf -p PROMPT` generates text (streamed to stdout; logs go to stderr);
-//! `edge-run tokenize`, `edge-run inspect` work on any GGUF. Every error is one line on stderr
-//! and a non-zero exit status (2 for a bad command line, 1 for anything else).
+//! `edge-run tokenize`, `edge-run inspect` work on any GGUF; `edge-run plan` prints the memory a
+//! session would hold (without allocating it) and `edge-run bench` measures prompt processing and
+//! generation speed. Every error is one line on stderr and a non-zero exit status (2 for a bad
+//! command line, 1 for anything else).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ use edge_engine::error::EngineError;
 use edge_engine::gguf::{Gguf, GgufError};
 use edge_engine::model::Model;
 use edge_engine::sampling::{Sampler, SamplerConfig};
-use edge_engine::session::{Session, SessionConfig};
+use edge_engine::session::{Session, SessionConfig, SessionPlan};
 use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 use edge_tokenizers::{StreamDecoder, Tokenizer};
 
@@ -28,6 +30,8 @@ use edge_tokenizers::{StreamDecoder, Tokenizer};
 ///   edge-run -m model.gguf --chat -p "Write a haiku about robots"
 ///   edge-run tokenize model.gguf "Hello world"
 ///   edge-run inspect model.gguf
+///   edge-run plan model.gguf --ctx 8192
+///   edge-run bench model.gguf -p 512 -n 128
 #[derive(Parser, Debug)]
 #[command(name = "edge-run", version, verbatim_doc_comment)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -44,6 +48,11 @@ enum Command {
     Tokenize(TokenizeArgs),
     /// Print a GGUF file's metadata and tensor table.
     Inspect(InspectArgs),
+    /// Print the memory a session would hold (weights, KV cache, arena, scratch), without
+    /// allocating it.
+    Plan(PlanArgs),
+    /// Measure prompt processing (pp) and generation (tg) speed in tokens/s, like llama-bench.
+    Bench(BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -145,6 +154,49 @@ struct InspectArgs {
     /// Show every element of long arrays and long strings (default: the first few).
     #[arg(long)]
     full: bool,
+}
+
+#[derive(Args, Debug)]
+struct PlanArgs {
+    /// The GGUF model file.
+    model: PathBuf,
+    /// Context size in tokens (KV cache positions)
+    /// [default: min(4096, the model's trained context)].
+    #[arg(short = 'c', long = "ctx", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    ctx: Option<usize>,
+    /// Prompt tokens processed per forward pass [default: min(512, ctx)].
+    #[arg(long = "ubatch", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    ubatch: Option<usize>,
+    /// Threads (each has its own scratch) [default: the available cores].
+    #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
+    threads: Option<usize>,
+    /// Print one JSON object (byte counts) instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// The GGUF model file.
+    model: PathBuf,
+    /// Prompt processing test: tokens prefilled at once (test "ppN").
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512, value_name = "N",
+          allow_negative_numbers = true, value_parser = positive)]
+    n_prompt: usize,
+    /// Generation test: tokens generated one at a time, greedy (test "tgN").
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_name = "N",
+          allow_negative_numbers = true, value_parser = positive)]
+    n_gen: usize,
+    /// Timed repetitions of each test (after one untimed warm-up).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_name = "N",
+          allow_negative_numbers = true, value_parser = positive)]
+    repetitions: usize,
+    /// Threads [default: the available cores].
+    #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
+    threads: Option<usize>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 // ---- flag value parsers: each error names what is expected (clap adds the flag and value) ----
@@ -252,7 +304,7 @@ fn clap_error_line(e: &clap::Error) -> String {
     let sub = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
-        .filter(|a| a == "tokenize" || a == "inspect");
+        .filter(|a| ["tokenize", "inspect", "plan", "bench"].contains(&a.as_str()));
     match sub {
         Some(sub) => format!("{line} (see edge-run {sub} --help)"),
         None => format!("{line} (see edge-run --help)"),
@@ -355,6 +407,8 @@ fn main() -> ExitCode {
     let result = std::panic::catch_unwind(move || match cli.command {
         Some(Command::Tokenize(a)) => tokenize(a),
         Some(Command::Inspect(a)) => inspect(a),
+        Some(Command::Plan(a)) => plan(a),
+        Some(Command::Bench(a)) => bench(a),
         None => generate(cli.generate),
     });
     match result {
@@ -665,4 +719,319 @@ fn generate(a: GenerateArgs) -> CliResult {
         n_gen as f64 / gen_s.max(1e-9)
     );
     Ok(())
+}
+
+// ---- plan ----
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / 1048576.0)
+}
+
+/// `--ctx N` above the trained context is a bad command line.
+fn check_ctx(model: &Model, ctx: Option<usize>) -> CliResult {
+    let n_ctx_train = model.params.n_ctx_train;
+    match ctx {
+        Some(ctx) if ctx > n_ctx_train => Err(CliError::usage(format!(
+            "--ctx {ctx} is more than the {n_ctx_train} tokens the model was trained for: use --ctx {n_ctx_train} or less"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn write_lines(lines: &[String]) -> CliResult {
+    let mut out = std::io::stdout().lock();
+    for l in lines {
+        writeln!(out, "{l}").map_err(|e| format!("writing output: {e}"))?;
+    }
+    out.flush().map_err(|e| format!("writing output: {e}"))?;
+    Ok(())
+}
+
+fn plan(a: PlanArgs) -> CliResult {
+    let model = load_model(&a.model)?;
+    check_ctx(&model, a.ctx)?;
+    let cfg = SessionConfig {
+        ctx: a.ctx,
+        ubatch: a.ubatch,
+        threads: a.threads,
+    };
+    let plan = SessionPlan::new(&model, &cfg)
+        .map_err(|e| format!("cannot plan the session: {e} (try a smaller --ctx or --ubatch)"))?;
+    let r = plan.report;
+    if a.json {
+        let v = serde_json::json!({
+            "weights_bytes": r.weights_bytes,
+            "kv_bytes": r.kv_bytes,
+            "arena_bytes": r.arena_bytes,
+            "arena_lower_bound_bytes": r.arena_lower_bound_bytes,
+            "scratch_bytes": r.scratch_bytes,
+            "owned_bytes": r.owned_bytes(),
+            "total_bytes": r.total_bytes(),
+            "ctx": plan.ctx,
+            "ubatch": plan.ubatch,
+            "threads": plan.threads,
+        });
+        return write_lines(&[v.to_string()]);
+    }
+    let p = &model.params;
+    let mut by_type: std::collections::BTreeMap<&'static str, (usize, u64)> = Default::default();
+    for t in model.gguf().tensors() {
+        let e = by_type.entry(t.ggml_type.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+    }
+    let in_file: u64 = by_type.values().map(|(_, b)| b).sum();
+    let mut lines = vec![format!(
+        "{}: {}, {} layers; ctx {}, ubatch {}, {} threads",
+        a.model.display(),
+        p.arch,
+        p.n_layer,
+        plan.ctx,
+        plan.ubatch,
+        plan.threads
+    )];
+    lines.push(String::new());
+    let row = |name: &str, bytes: u64, note: String| {
+        format!("  {name:<28} {:>12} {bytes:>14} B  {note}", mib(bytes))
+    };
+    let weights_note = if in_file == r.weights_bytes {
+        "mapped from the file, not copied".to_string()
+    } else {
+        format!(
+            "mapped from the file, not copied ({} of the file's tensors are read)",
+            mib(r.weights_bytes)
+        )
+    };
+    lines.push(row("weights", r.weights_bytes, weights_note));
+    for (ty, (n, b)) in &by_type {
+        lines.push(format!(
+            "    {ty:<26} {:>12} {b:>14} B  {n} tensor{}",
+            mib(*b),
+            if *n == 1 { "" } else { "s" }
+        ));
+    }
+    lines.push(row(
+        "KV cache",
+        r.kv_bytes,
+        format!(
+            "f16, K and V: {} layers x {} ctx x {} kv_dim x 2 B x 2",
+            p.n_layer,
+            plan.ctx,
+            p.kv_dim()
+        ),
+    ));
+    let ratio = r.arena_bytes as f64 / (r.arena_lower_bound_bytes.max(1)) as f64;
+    lines.push(row(
+        "arena (activations)",
+        r.arena_bytes,
+        format!(
+            "planned; lower bound {} ({:.3}x the lower bound)",
+            mib(r.arena_lower_bound_bytes),
+            ratio
+        ),
+    ));
+    lines.push(row(
+        "scratch",
+        r.scratch_bytes,
+        format!(
+            "{} threads x {}",
+            plan.threads,
+            mib(r.scratch_bytes / plan.threads.max(1) as u64)
+        ),
+    ));
+    lines.push(row(
+        "total owned",
+        r.owned_bytes(),
+        "KV cache + arena + scratch: allocated by the session".into(),
+    ));
+    lines.push(row(
+        "total with weights",
+        r.total_bytes(),
+        "owned + mapped weights".into(),
+    ));
+    write_lines(&lines)
+}
+
+// ---- bench ----
+
+/// Text cycled for the prompt processing test (its token ids; no sampling involved).
+const BENCH_TEXT: &str =
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles \
+begins with a single step. To be or not to be, that is the question. All that glitters is not \
+gold, and not all those who wander are lost. In the beginning the universe was created. ";
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] || logits[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Mean and sample standard deviation (n - 1; 0 for one sample), as llama-bench reports them.
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    if xs.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+fn bench(a: BenchArgs) -> CliResult {
+    let model = Arc::new(load_model(&a.model)?);
+    let n_ctx_train = model.params.n_ctx_train;
+    let need = a.n_prompt.max(a.n_gen + 1);
+    if need > n_ctx_train {
+        return Err(CliError::usage(format!(
+            "-p {} / -n {} need {need} context positions but the model was trained for {n_ctx_train}: use smaller values",
+            a.n_prompt, a.n_gen
+        )));
+    }
+    let ctx = (a.n_prompt + a.n_gen + 16).min(n_ctx_train);
+    let tok = &model.tokenizer;
+    let text_ids = tok
+        .encode(BENCH_TEXT, false, false)
+        .map_err(|e| format!("tokenizing the benchmark text: {e}"))?;
+    if text_ids.is_empty() {
+        return Err(format!(
+            "{}: the tokenizer gives no tokens for the benchmark text",
+            a.model.display()
+        )
+        .into());
+    }
+    let first = if tok.add_bos() { tok.bos_id() } else { None };
+    let prompt: Vec<u32> = first
+        .into_iter()
+        .chain(text_ids.iter().copied().cycle())
+        .take(a.n_prompt)
+        .collect();
+    let gen_start = first.unwrap_or(text_ids[0]);
+    let cfg = SessionConfig {
+        ctx: Some(ctx),
+        ubatch: None,
+        threads: a.threads,
+    };
+    let mut session = Session::new(Arc::clone(&model), &cfg)
+        .map_err(|e| format!("cannot set up the session: {e} (try smaller -p/-n)"))?;
+    let threads = session.n_threads();
+    let run_err = |e: EngineError| CliError::from(e.to_string());
+
+    let mut pp_rates = Vec::with_capacity(a.repetitions);
+    let mut tg_rates = Vec::with_capacity(a.repetitions);
+    // repetition 0 is the untimed warm-up
+    for rep in 0..=a.repetitions {
+        session.reset();
+        let t = Instant::now();
+        session.prefill(&prompt).map_err(run_err)?;
+        let s = t.elapsed().as_secs_f64();
+        if rep > 0 {
+            pp_rates.push(a.n_prompt as f64 / s.max(1e-9));
+        }
+        log::info!("pp{} run {rep}: {:.1} ms", a.n_prompt, s * 1e3);
+    }
+    for rep in 0..=a.repetitions {
+        session.reset();
+        let mut next = argmax(session.prefill(&[gen_start]).map_err(run_err)?);
+        let t = Instant::now();
+        for _ in 0..a.n_gen {
+            next = argmax(session.step(next).map_err(run_err)?);
+        }
+        let s = t.elapsed().as_secs_f64();
+        if rep > 0 {
+            tg_rates.push(a.n_gen as f64 / s.max(1e-9));
+        }
+        log::info!("tg{} run {rep}: {:.1} ms", a.n_gen, s * 1e3);
+    }
+    let (pp, pp_sd) = mean_sd(&pp_rates);
+    let (tg, tg_sd) = mean_sd(&tg_rates);
+    let isa = edge_engine::cpu::Kernels::detect().isa_name();
+    let size: u64 = model.gguf().tensors().iter().map(|t| t.n_bytes).sum();
+    let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
+    let name = a
+        .model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| a.model.display().to_string());
+    if a.json {
+        let v = serde_json::json!({
+            "model": name,
+            "size_bytes": size,
+            "n_params": n_params,
+            "threads": threads,
+            "isa": isa,
+            "p": a.n_prompt,
+            "n": a.n_gen,
+            "r": a.repetitions,
+            "ctx": ctx,
+            "pp": pp,
+            "pp_sd": pp_sd,
+            "tg": tg,
+            "tg_sd": tg_sd,
+            "pp_samples": pp_rates,
+            "tg_samples": tg_rates,
+        });
+        return write_lines(&[v.to_string()]);
+    }
+    let header = ["model", "size", "params", "isa", "threads", "test", "t/s"];
+    let rows: Vec<[String; 7]> = [
+        (format!("pp{}", a.n_prompt), pp, pp_sd),
+        (format!("tg{}", a.n_gen), tg, tg_sd),
+    ]
+    .into_iter()
+    .map(|(test, mean, sd)| {
+        [
+            name.clone(),
+            mib(size),
+            format!("{:.2} M", n_params as f64 / 1e6),
+            isa.to_string(),
+            threads.to_string(),
+            test,
+            format!("{mean:.2} ± {sd:.2}"),
+        ]
+    })
+    .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let fmt_row = |cells: Vec<String>| {
+        let cells: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, &w))| {
+                let pad = w - c.chars().count();
+                if i == 0 {
+                    format!("{c}{}", " ".repeat(pad))
+                } else {
+                    format!("{}{c}", " ".repeat(pad))
+                }
+            })
+            .collect();
+        format!("| {} |", cells.join(" | "))
+    };
+    let mut lines = vec![fmt_row(header.iter().map(|h| h.to_string()).collect())];
+    lines.push(format!(
+        "|{}|",
+        widths
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| if i == 0 {
+                format!(" {} ", "-".repeat(w))
+            } else {
+                format!(" {}: ", "-".repeat(w - 1))
+            })
+            .collect::<Vec<_>>()
+            .join("|")
+    ));
+    for r in rows {
+        lines.push(fmt_row(r.to_vec()));
+    }
+    write_lines(&lines)
 }

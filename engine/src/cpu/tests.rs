@@ -189,6 +189,7 @@ fn detect_honours_env_and_names() {
 
 /// Every available instruction set.
 fn all_kernels() -> Vec<Kernels> {
+    #[allow(unused_mut)] // only x86-64 has a second set so far
     let mut v = vec![Kernels::scalar()];
     #[cfg(target_arch = "x86_64")]
     v.extend(Kernels::avx2());
