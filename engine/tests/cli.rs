@@ -972,7 +972,7 @@ fn plan_and_bench_bad_arguments_give_one_line_errors() {
         (vec!["plan", m, "--ctx", "100000"], vec!["--ctx", "8192"]),
         (vec!["plan", m, "--ubatch", "-1"], vec!["--ubatch", "'-1'"]),
         (vec!["plan", m, "-t", "0"], vec!["--threads", "1 to 1024"]),
-        (vec!["plan", m, "--mem-budget", "1G"], vec!["--mem-budget", "plan --help"]),
+        (vec!["plan", m, "--mem-budget", "1 parsec"], vec!["--mem-budget", "plan --help"]),
         (vec!["plan", "/no/such/model.gguf"], vec!["/no/such/model.gguf", "no such file"]),
         (vec!["bench"], vec!["<MODEL>", "bench --help"]),
         (vec!["bench", m, "-r", "0"], vec!["--repetitions", "at least 1"]),
@@ -989,5 +989,106 @@ fn plan_and_bench_bad_arguments_give_one_line_errors() {
         assert_error(out, needles);
         let file_problem = args.contains(&"/no/such/model.gguf");
         assert_eq!(out.code, Some(if file_problem { 1 } else { 2 }), "{out:?}");
+    }
+}
+
+/// The memory budget: an explicit context that does not fit is refused up front with the
+/// numbers and the largest context that fits; without --ctx the largest one is used, and the
+/// plan it reports stays inside the budget.
+#[test]
+fn memory_budget_refuses_or_fits() {
+    let model = model();
+    let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
+        .args([
+            model.to_str().unwrap(),
+            "--mem-budget",
+            "40MiB",
+            "--ctx",
+            "8192",
+            "-p",
+            "hi",
+            "-t",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("kv cache 180.00 MiB") && err.contains("budget 40.00 MiB"),
+        "{err}"
+    );
+    // The largest fitting ctx (about 1357: 40 MiB less the arena, over 30 KiB of KV per position).
+    let fit: u64 = err
+        .split("use --ctx ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ctx in {err}"));
+    assert!((1300..1400).contains(&fit), "{err}");
+    assert!(out.stdout.is_empty());
+
+    let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
+        .args([
+            "plan",
+            model.to_str().unwrap(),
+            "--mem-budget",
+            "40MiB",
+            "-t",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let budget = 40u64 << 20;
+    assert_eq!(v["budget_bytes"].as_u64(), Some(budget));
+    assert!(v["owned_bytes"].as_u64().unwrap() <= budget);
+    assert_eq!(v["ctx"], v["max_ctx"]);
+    let ctx = v["ctx"].as_u64().unwrap();
+    assert!(ctx > 1000 && ctx < 2048, "ctx {ctx}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
+        .args([
+            model.to_str().unwrap(),
+            "--mem-budget",
+            "40MiB",
+            "-p",
+            "The capital of France is",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "-t",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(" Paris"));
+
+    for bad in [
+        vec!["plan", model.to_str().unwrap(), "--count-weights"],
+        vec!["plan", model.to_str().unwrap(), "--target", "nope"],
+        vec!["plan", model.to_str().unwrap(), "--mem-budget", "12parsecs"],
+        vec!["plan", model.to_str().unwrap(), "--mem-budget", "0"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
+            .args(&bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{bad:?}: {err}");
     }
 }

@@ -120,6 +120,8 @@ struct GenerateArgs {
     /// With --chat: a system message (otherwise the template's default, if any).
     #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
     system: Option<String>,
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// More logging on stderr (-v info: memory plan, timings; -vv debug). RUST_LOG overrides.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -170,9 +172,74 @@ struct PlanArgs {
     /// Threads (each has its own scratch) [default: the available cores].
     #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
     threads: Option<usize>,
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// Print one JSON object (byte counts) instead of the summary.
     #[arg(long)]
     json: bool,
+}
+
+/// Memory budget flags, shared by generation and `plan`.
+#[derive(Args, Debug, Default)]
+struct BudgetArgs {
+    /// Cap on the memory the engine owns (KV cache + arena + scratch, and the weights with
+    /// --count-weights or a unified-memory --target), e.g. 512MiB or 2GB. Without --ctx the
+    /// largest context that fits is chosen; with --ctx a run that does not fit is refused before
+    /// anything is allocated.
+    #[arg(long = "mem-budget", value_name = "SIZE", value_parser = mem_size)]
+    mem_budget: Option<u64>,
+    /// Count the mapped weights against --mem-budget (always so on unified-memory targets).
+    #[arg(long = "count-weights")]
+    count_weights: bool,
+    /// Device profile whose usable memory is the budget unless --mem-budget is given:
+    /// orin-agx-64, orin-agx-32, orin-nx-16, orin-nx-8, orin-nano-8, orin-nano-4, cuda-8gb,
+    /// cuda-12gb, cuda-16gb, cuda-24gb, host.
+    #[arg(long = "target", value_name = "NAME")]
+    target: Option<String>,
+}
+
+impl BudgetArgs {
+    /// The budget these flags describe, if any.
+    fn budget(&self) -> Result<Option<edge_targets::Budget>, CliError> {
+        let target = match self.target.as_deref() {
+            None => None,
+            Some("host") => Some(edge_targets::host().map_err(|e| format!("--target host: {e}"))?),
+            Some(name) => Some(
+                edge_targets::by_name(name)
+                    .map_err(|e| CliError::usage(format!("--target: {e}")))?,
+            ),
+        };
+        Ok(match (&target, self.mem_budget) {
+            (Some(t), limit) => Some(edge_targets::Budget::for_target(
+                t,
+                limit,
+                self.count_weights,
+            )),
+            (None, Some(limit)) => Some(edge_targets::Budget {
+                limit_bytes: limit,
+                count_weights: self.count_weights,
+            }),
+            (None, None) if self.count_weights => {
+                return Err(CliError::usage(
+                    "--count-weights needs a budget: add --mem-budget SIZE or --target NAME",
+                ))
+            }
+            (None, None) => None,
+        })
+    }
+}
+
+fn mem_size(s: &str) -> Result<u64, String> {
+    match edge_targets::parse_size(s) {
+        Ok(0) => Err("must be more than 0 bytes".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(e
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or("not a size")
+            .to_string()),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -656,8 +723,21 @@ fn generate(a: GenerateArgs) -> CliResult {
         ubatch: a.ubatch,
         threads: a.threads,
     };
-    let mut session = Session::new(Arc::clone(&model), &cfg)
-        .map_err(|e| format!("cannot set up the session: {e} (try a smaller --ctx or --ubatch)"))?;
+    let budget = a.budget.budget()?;
+    let mut session = match &budget {
+        None => Session::new(Arc::clone(&model), &cfg),
+        Some(b) => SessionPlan::within_budget(&model, &cfg, b)
+            .and_then(|plan| Session::from_plan(Arc::clone(&model), plan)),
+    }
+    .map_err(|e| match e {
+        EngineError::Budget(_) => CliError::from(e.to_string()),
+        e => CliError::from(format!(
+            "cannot set up the session: {e} (try a smaller --ctx or --ubatch)"
+        )),
+    })?;
+    if budget.is_some() {
+        log::info!("memory budget: context {} tokens", session.ctx());
+    }
     if ids.len() > session.ctx() {
         let want = (ids.len() + a.n_predict.max(1)).min(n_ctx_train);
         let fix = if ids.len() < n_ctx_train {
@@ -755,11 +835,33 @@ fn plan(a: PlanArgs) -> CliResult {
         ubatch: a.ubatch,
         threads: a.threads,
     };
-    let plan = SessionPlan::new(&model, &cfg)
-        .map_err(|e| format!("cannot plan the session: {e} (try a smaller --ctx or --ubatch)"))?;
+    let budget = a.budget.budget()?;
+    let plan = match &budget {
+        None => SessionPlan::new(&model, &cfg),
+        Some(b) => SessionPlan::within_budget(&model, &cfg, b),
+    }
+    .map_err(|e| match e {
+        EngineError::Budget(_) => CliError::from(e.to_string()),
+        e => CliError::from(format!(
+            "cannot plan the session: {e} (try a smaller --ctx or --ubatch)"
+        )),
+    })?;
+    // The largest context the budget allows (with these ubatch and threads).
+    let max_ctx = budget.as_ref().and_then(|b| {
+        let probe = SessionConfig {
+            ctx: None,
+            ..cfg.clone()
+        };
+        SessionPlan::within_budget(&model, &probe, b)
+            .ok()
+            .map(|p| p.ctx)
+    });
     let r = plan.report;
     if a.json {
         let v = serde_json::json!({
+            "max_ctx": max_ctx,
+            "budget_bytes": budget.as_ref().map(|b| b.limit_bytes),
+            "budget_counts_weights": budget.as_ref().map(|b| b.count_weights),
             "weights_bytes": r.weights_bytes,
             "kv_bytes": r.kv_bytes,
             "arena_bytes": r.arena_bytes,
@@ -849,6 +951,25 @@ fn plan(a: PlanArgs) -> CliResult {
         r.total_bytes(),
         "owned + mapped weights".into(),
     ));
+    if let Some(b) = &budget {
+        let charged = if b.count_weights {
+            r.total_bytes()
+        } else {
+            r.owned_bytes()
+        };
+        lines.push(String::new());
+        lines.push(format!(
+            "budget: {} ({}), {} charged; largest ctx that fits: {}",
+            mib(b.limit_bytes),
+            if b.count_weights {
+                "weights counted"
+            } else {
+                "weights not counted"
+            },
+            mib(charged),
+            max_ctx.map_or("none".to_string(), |c| c.to_string())
+        ));
+    }
     write_lines(&lines)
 }
 
