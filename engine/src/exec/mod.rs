@@ -601,7 +601,9 @@ impl OpCtx<'_> {
                 sum += f64::from(order::reduce16(&lanes));
             }
             let inv = (1.0 / sum) as f32;
-            // V·p with p rounded to f16, one ordered accumulator per output element.
+            // V·p with p rounded to f16. Output element d accumulates term p in slot
+            // p % width (see cpu::ggml_order); slots are stored [slot][d] so that one position
+            // updates a contiguous row of head_dim accumulators (vectorizable, same order).
             accs.fill(0.0);
             for (p, s) in scores[..n_pos].iter().enumerate() {
                 let prob = f16::from_f32(*s * inv).to_f32();
@@ -611,19 +613,25 @@ impl OpCtx<'_> {
                         .mem
                         .slice::<f16>(self.kv.row_offset(layer, true, p), kv_dim)
                 };
-                for (acc, v) in accs
-                    .chunks_exact_mut(width)
+                let slot = p % width;
+                let acc = &mut accs[slot * head_dim..(slot + 1) * head_dim];
+                for (a, v) in acc
+                    .iter_mut()
                     .zip(&vrow[kvh * head_dim..(kvh + 1) * head_dim])
                 {
-                    order::accumulate(acc, p, cpu::f16_bits_to_f32(v.to_bits()), prob);
+                    *a = cpu::f16_bits_to_f32(v.to_bits()).mul_add(prob, *a);
                 }
             }
-            for (o, acc) in self
+            let mut slots = [0.0f32; STEP_LANES];
+            for (d, o) in self
                 .output(out, t, h * head_dim..(h + 1) * head_dim)
                 .iter_mut()
-                .zip(accs.chunks_exact(width))
+                .enumerate()
             {
-                *o = order::accumulated_sum(acc);
+                for (k, x) in slots[..width].iter_mut().enumerate() {
+                    *x = accs[k * head_dim + d];
+                }
+                *o = order::accumulated_sum(&slots[..width]);
             }
         }
     }
