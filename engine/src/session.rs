@@ -28,6 +28,8 @@ pub struct SessionConfig {
     pub ubatch: Option<usize>,
     /// Threads; `None`: the available cores.
     pub threads: Option<usize>,
+    /// Element type of the KV cache (f16 by default).
+    pub kv_type: crate::exec::KvType,
 }
 
 /// Memory a session owns, computed from its plan. Weights are mapped from the file, not copied.
@@ -84,6 +86,8 @@ pub struct SessionPlan {
     pub ubatch: usize,
     /// Threads.
     pub threads: usize,
+    /// KV cache element type.
+    pub kv_type: crate::exec::KvType,
     /// Memory the session will hold.
     pub report: MemoryReport,
     decode: PlannedGraph,
@@ -126,7 +130,13 @@ impl SessionPlan {
                 "--threads {threads}: use 1 to {MAX_THREADS} (the number of cores is best)"
             )));
         }
-        let kv_bytes = KvCache::bytes_for(p.n_layer, ctx, p.kv_dim()).ok_or_else(|| {
+        if cfg.kv_type == crate::exec::KvType::Q8_0 && p.head_dim % 32 != 0 {
+            return Err(EngineError::InvalidArgument(format!(
+                "--kv-type q8_0 needs a head size that is a multiple of 32 (this model's is {}); use --kv-type f16",
+                p.head_dim
+            )));
+        }
+        let kv_bytes = KvCache::bytes_for(p.n_layer, ctx, p.kv_dim(), cfg.kv_type).ok_or_else(|| {
             EngineError::InvalidArgument(format!(
                 "--ctx {ctx}: the KV cache would not fit in memory; use a smaller context (the model was trained for {})",
                 p.n_ctx_train
@@ -147,6 +157,7 @@ impl SessionPlan {
             ctx,
             ubatch,
             threads,
+            kv_type: cfg.kv_type,
             report: MemoryReport {
                 weights_bytes: model.weight_bytes_total(),
                 kv_bytes: kv_bytes as u64,
@@ -276,7 +287,7 @@ impl Session {
                 p.n_ctx_train
             );
         }
-        let kv = KvCache::new(p.n_layer, plan.ctx, p.kv_dim()).map_err(|e| {
+        let kv = KvCache::new(p.n_layer, plan.ctx, p.kv_dim(), plan.kv_type).map_err(|e| {
             EngineError::InvalidArgument(format!(
                 "--ctx {}: {e}; use a smaller context (the model was trained for {})",
                 plan.ctx, p.n_ctx_train

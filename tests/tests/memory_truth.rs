@@ -66,6 +66,7 @@ fn measured_peak_is_within_the_plan() {
         ctx: Some(2048),
         ubatch: Some(512),
         threads: Some(1),
+        ..Default::default()
     };
     let plan = SessionPlan::new(&model, &cfg).unwrap();
     let report = plan.report;

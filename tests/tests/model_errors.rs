@@ -319,6 +319,7 @@ fn session(model: &Arc<Model>, ctx: usize, ubatch: usize) -> Session {
             ctx: Some(ctx),
             ubatch: Some(ubatch),
             threads: Some(1),
+            ..Default::default()
         },
     )
     .expect("session")
@@ -734,16 +735,19 @@ fn bad_session_config_is_invalid_argument() {
             ctx: Some(0),
             ubatch: None,
             threads: Some(1),
+            ..Default::default()
         },
         SessionConfig {
             ctx: Some(8),
             ubatch: Some(0),
             threads: Some(1),
+            ..Default::default()
         },
         SessionConfig {
             ctx: Some(8),
             ubatch: None,
             threads: Some(0),
+            ..Default::default()
         },
     ] {
         let e = Session::new(model.clone(), &cfg).unwrap_err();

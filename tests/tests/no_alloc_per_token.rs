@@ -50,6 +50,7 @@ fn decoding_allocates_nothing_per_token() {
             ctx: Some(256),
             ubatch: Some(16),
             threads: Some(threads),
+            ..Default::default()
         };
         let mut session = Session::new(model.clone(), &cfg).unwrap();
         let mut sampler = Sampler::new(

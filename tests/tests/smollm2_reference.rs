@@ -115,6 +115,7 @@ fn chunked_prefill_and_threads_do_not_change_tokens() {
             ctx: Some(256),
             ubatch: Some(ubatch),
             threads: Some(threads),
+            ..Default::default()
         };
         let mut session = Session::new(model.clone(), &cfg).unwrap();
         assert_eq!(
@@ -251,6 +252,7 @@ fn arena_plan_is_sound_and_logits_are_last_position_only() {
             ctx: Some(512),
             ubatch: Some(1),
             threads: Some(1),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -260,6 +262,7 @@ fn arena_plan_is_sound_and_logits_are_last_position_only() {
             ctx: Some(8192),
             ubatch: Some(1),
             threads: Some(1),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -280,6 +283,7 @@ fn budget_refuses_or_picks_the_largest_context() {
         ctx,
         ubatch: Some(64),
         threads: Some(1),
+        ..Default::default()
     };
     let at_1024 = SessionPlan::new(&model, &cfg(Some(1024)))
         .unwrap()
@@ -316,4 +320,63 @@ fn budget_refuses_or_picks_the_largest_context() {
     );
     let session = Session::from_plan(model.clone(), picked).unwrap();
     assert_eq!(session.ctx(), 1024);
+}
+
+/// A q8_0 KV cache (flash-style attention with an online softmax) against the reference, which
+/// llama.cpp made with an f16 cache: the accuracy cost of halving the cache, measured. The
+/// thresholds are the measured figures with a margin (see the README's KV cache section).
+#[test]
+fn q8_0_kv_cache_stays_close_to_llama_cpp() {
+    use edge_engine::exec::KvType;
+    let model = model();
+    let cfg = SessionConfig {
+        ctx: Some(512),
+        threads: Some(1),
+        kv_type: KvType::Q8_0,
+        ..Default::default()
+    };
+    let mut session = Session::new(model.clone(), &cfg).unwrap();
+    let cases = read_jsonl(&shared_dir().join("reference/smollm2/logits-top10.jsonl"));
+    let (mut positions, mut top1_same, mut max_err, mut sum_err, mut n_err) = (0, 0, 0f32, 0f64, 0);
+    for case in &cases {
+        let prompt_ids = ids(&case["prompt_ids"]);
+        for (pos, want) in case["top"].as_array().unwrap().iter().enumerate() {
+            session.reset();
+            let logits = session.prefill(&prompt_ids[..=pos]).unwrap();
+            let want = want.as_array().unwrap();
+            positions += 1;
+            if argmax(logits) as u64 == want[0][0].as_u64().unwrap() {
+                top1_same += 1;
+            }
+            for e in want {
+                let err =
+                    (logits[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap() as f32).abs();
+                max_err = max_err.max(err);
+                sum_err += f64::from(err);
+                n_err += 1;
+            }
+        }
+    }
+    let mean_err = sum_err / n_err as f64;
+    let greedy_cases = read_jsonl(&shared_dir().join("reference/smollm2/greedy.jsonl"));
+    let mut greedy_same = 0;
+    for case in &greedy_cases {
+        session.reset();
+        let want = ids(&case["ids"]);
+        if greedy(&mut session, &ids(&case["prompt_ids"]), want.len()) == want {
+            greedy_same += 1;
+        }
+    }
+    eprintln!(
+        "q8_0 KV: top-1 {top1_same}/{positions}, |logit error| max {max_err:.3} mean {mean_err:.3}; greedy continuations identical {greedy_same}/{}",
+        greedy_cases.len()
+    );
+    assert!(
+        top1_same * 100 >= positions * 95,
+        "top-1 {top1_same}/{positions}"
+    );
+    assert!(
+        mean_err < 0.4 && max_err < 2.0,
+        "mean {mean_err}, max {max_err}"
+    );
 }

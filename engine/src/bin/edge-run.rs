@@ -180,7 +180,7 @@ struct PlanArgs {
 }
 
 /// Memory budget flags, shared by generation and `plan`.
-#[derive(Args, Debug, Default)]
+#[derive(Args, Debug)]
 struct BudgetArgs {
     /// Cap on the memory the engine owns (KV cache + arena + scratch, and the weights with
     /// --count-weights or a unified-memory --target), e.g. 512MiB or 2GB. Without --ctx the
@@ -196,6 +196,14 @@ struct BudgetArgs {
     /// cuda-12gb, cuda-16gb, cuda-24gb, host.
     #[arg(long = "target", value_name = "NAME")]
     target: Option<String>,
+    /// KV cache type: f16 (default; outputs identical to llama.cpp's) or q8_0 (47% smaller,
+    /// flash-style attention; logits differ slightly, see the README).
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = kv_type)]
+    kv_type: edge_engine::exec::KvType,
+}
+
+fn kv_type(s: &str) -> Result<edge_engine::exec::KvType, String> {
+    edge_engine::exec::KvType::from_name(s).ok_or_else(|| "use f16 or q8_0".to_string())
 }
 
 impl BudgetArgs {
@@ -722,6 +730,7 @@ fn generate(a: GenerateArgs) -> CliResult {
         ctx: a.ctx,
         ubatch: a.ubatch,
         threads: a.threads,
+        kv_type: a.budget.kv_type,
     };
     let budget = a.budget.budget()?;
     let mut session = match &budget {
@@ -834,6 +843,7 @@ fn plan(a: PlanArgs) -> CliResult {
         ctx: a.ctx,
         ubatch: a.ubatch,
         threads: a.threads,
+        kv_type: a.budget.kv_type,
     };
     let budget = a.budget.budget()?;
     let plan = match &budget {
@@ -872,6 +882,7 @@ fn plan(a: PlanArgs) -> CliResult {
             "ctx": plan.ctx,
             "ubatch": plan.ubatch,
             "threads": plan.threads,
+            "kv_type": plan.kv_type.name(),
         });
         return write_lines(&[v.to_string()]);
     }
@@ -916,7 +927,8 @@ fn plan(a: PlanArgs) -> CliResult {
         "KV cache",
         r.kv_bytes,
         format!(
-            "f16, K and V: {} layers x {} ctx x {} kv_dim x 2 B x 2",
+            "{}, K and V: {} layers x {} ctx x {} kv_dim",
+            plan.kv_type.name(),
             p.n_layer,
             plan.ctx,
             p.kv_dim()
@@ -1035,6 +1047,7 @@ fn bench(a: BenchArgs) -> CliResult {
         ctx: Some(ctx),
         ubatch: None,
         threads: a.threads,
+        ..Default::default()
     };
     let mut session = Session::new(Arc::clone(&model), &cfg)
         .map_err(|e| format!("cannot set up the session: {e} (try smaller -p/-n)"))?;
