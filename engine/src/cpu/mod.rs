@@ -1,5 +1,6 @@
 //! CPU kernels: per-type block layouts, row (de)quantization, dot products and the matrix-vector
-//! product the graph executor runs, plus the f32 helpers (RMS norm, SiLU, softmax, f16 rows).
+//! product the graph executor runs, plus the f32 helpers (RMS norm, f16 rows) and the ggml-ordered
+//! kernels (`ggml_order`: f16 dots, exp, SiLU).
 //!
 //! Every type lives in its own file (`q4_1.rs`: block layout, scalar reference, tests); SIMD
 //! variants live in `avx2.rs` and are tested against the scalar references. Which variant runs is
@@ -40,10 +41,7 @@ use std::ops::Range;
 use crate::tensor::GgmlType;
 
 pub use bf16::{bf16_bits_to_f32, f32_to_bf16_bits};
-pub use ops::{
-    axpy_f16, dot_f16_f32, f16_to_f32_row, f32_to_f16_row, rms_norm, silu, silu_inplace,
-    softmax_inplace, swiglu,
-};
+pub use ops::{f32_to_f16_row, rms_norm};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;
