@@ -17,6 +17,18 @@ pub const DEFAULT_SEED: u64 = 42;
 pub const MAX_REPEAT_LAST_N: usize = 1 << 20;
 
 /// Sampling parameters. [`Default`] gives llama.cpp's command-line defaults.
+/// Index of the largest logit, lowest id on ties; NaN never wins (0 if all are NaN). Greedy
+/// decoding over raw logits, as the reference data was made.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] || (logits[best].is_nan() && !x.is_nan()) {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 #[derive(Clone, Debug)]
 pub struct SamplerConfig {
     /// Softmax temperature; `<= 0` means greedy (argmax).
@@ -472,6 +484,14 @@ mod tests {
             ..cfg()
         });
         assert!(e.contains("--repeat-last-n"), "{e}");
+    }
+
+    #[test]
+    fn free_argmax_lowest_id_on_ties_and_nan_never_wins() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, -5.0, f32::NAN, -4.0]), 3);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax(&[]), 0);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use edge_engine::model::Model;
+use edge_engine::sampling::argmax;
 use edge_engine::session::{Session, SessionConfig, SessionPlan};
 
 /// What the plan does not cover: the tokenizer (vocabulary, merges, HF BPE tables, and the
@@ -97,14 +98,4 @@ fn measured_peak_is_within_the_plan() {
 
 fn mib(b: u64) -> f64 {
     b as f64 / 1048576.0
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

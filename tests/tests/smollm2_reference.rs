@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use edge_engine::model::Model;
+use edge_engine::sampling::argmax;
 use edge_engine::session::{Session, SessionConfig};
 use edge_tests::{ids, read_jsonl, shared_dir, smollm2_path};
 
@@ -12,16 +13,6 @@ fn model() -> Arc<Model> {
     MODEL
         .get_or_init(|| Arc::new(Model::load(smollm2_path()).expect("loading SmolLM2")))
         .clone()
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Greedy decoding as the reference does it: argmax over raw logits, stop after EOS.

@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use edge_engine::error::EngineError;
 use edge_engine::gguf::{Gguf, GgufError};
 use edge_engine::model::Model;
-use edge_engine::sampling::{Sampler, SamplerConfig};
+use edge_engine::sampling::{argmax, Sampler, SamplerConfig};
 use edge_engine::session::{Session, SessionConfig, SessionPlan};
 use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 use edge_tokenizers::{StreamDecoder, Tokenizer};
@@ -992,16 +992,6 @@ const BENCH_TEXT: &str =
     "The quick brown fox jumps over the lazy dog. A journey of a thousand miles \
 begins with a single step. To be or not to be, that is the question. All that glitters is not \
 gold, and not all those who wander are lost. In the beginning the universe was created. ";
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &x) in logits.iter().enumerate() {
-        if x > logits[best] || logits[best].is_nan() {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 /// Mean and sample standard deviation (n - 1; 0 for one sample), as llama-bench reports them.
 fn mean_sd(xs: &[f64]) -> (f64, f64) {
