@@ -174,6 +174,8 @@ pub struct Executor {
     arena: SharedMem,
     scratch: SharedMem,
     scratch_per_thread: usize,
+    /// `EDGE_RUN_DUMP` was set when the executor was built.
+    dump: bool,
 }
 
 /// Inputs of one run.
@@ -203,6 +205,7 @@ impl Executor {
             arena: SharedMem::new(arena_bytes)?,
             scratch: SharedMem::new(scratch_per_thread * n_threads.max(1))?,
             scratch_per_thread,
+            dump: dump_enabled(),
         })
     }
 
@@ -232,7 +235,7 @@ impl Executor {
         assert!(args.tokens.len() <= pg.graph.ubatch && !args.tokens.is_empty());
         assert!(args.pos0 + args.tokens.len() <= kv.ctx);
         let n = self.n_threads();
-        let dump = dump_enabled();
+        let dump = self.dump;
         self.pool.run(&|tid| {
             for op in &pg.graph.ops {
                 let ctx = OpCtx {
