@@ -130,9 +130,12 @@ impl SessionPlan {
                 "--threads {threads}: use 1 to {MAX_THREADS} (the number of cores is best)"
             )));
         }
-        if cfg.kv_type == crate::exec::KvType::Q8_0 && p.head_dim % 32 != 0 {
+        if cfg.kv_type == crate::exec::KvType::Q8_0
+            && (p.head_dim % 32 != 0 || p.head_dim > crate::exec::MAX_Q8_HEAD_DIM)
+        {
             return Err(EngineError::InvalidArgument(format!(
-                "--kv-type q8_0 needs a head size that is a multiple of 32 (this model's is {}); use --kv-type f16",
+                "--kv-type q8_0 needs a head size that is a multiple of 32 and at most {} (this model's is {}); use --kv-type f16",
+                crate::exec::MAX_Q8_HEAD_DIM,
                 p.head_dim
             )));
         }

@@ -63,6 +63,9 @@ impl KvType {
     }
 }
 
+/// Largest head size a q8_0 cache supports (its query block lives on the stack).
+pub const MAX_Q8_HEAD_DIM: usize = 512;
+
 /// Keys and values of every layer for `ctx` positions: rows of `kv_dim` values of a [`KvType`].
 pub struct KvCache {
     mem: SharedMem,
@@ -614,9 +617,9 @@ impl OpCtx<'_> {
         let scratch = self.scratch();
         let (acc, rest) = scratch.split_at_mut(head_dim);
         let (vtmp, _) = rest.split_at_mut(head_dim);
-        // q8_0 of one query head: 34 bytes per 32 values, at most 512 values per head here.
-        let mut q8 = [0u8; 34 * 16];
-        let q8 = &mut q8[..head_bytes.min(34 * 16)];
+        // q8_0 of one query head (head_dim <= MAX_Q8_HEAD_DIM, checked when planning).
+        let mut q8 = [0u8; MAX_Q8_HEAD_DIM / 32 * 34];
+        let q8 = &mut q8[..head_bytes];
         for job in self.share(self.n_tokens() * n_head, 1) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
