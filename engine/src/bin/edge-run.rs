@@ -857,7 +857,11 @@ fn plan(a: PlanArgs) -> CliResult {
         )),
     })?;
     // The largest context the budget allows (with these ubatch and threads).
+    // Without --ctx the budgeted plan already is the largest fitting one; search only otherwise.
     let max_ctx = budget.as_ref().and_then(|b| {
+        if a.ctx.is_none() {
+            return Some(plan.ctx);
+        }
         let probe = SessionConfig {
             ctx: None,
             ..cfg.clone()
