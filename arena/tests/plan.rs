@@ -2,6 +2,9 @@
 //! bad plans, random instances and a brute force over placement orders.
 #![cfg(feature = "alloc")]
 
+mod common;
+
+use common::{random_buffers, Rng};
 use edge_arena::{check, lower_bound, plan, ArenaPlan, Buffer, PlanError};
 
 fn b(size: usize, first_op: usize, last_op: usize) -> Buffer {
@@ -14,50 +17,6 @@ fn planned(buffers: &[Buffer]) -> ArenaPlan {
     assert!(p.size >= p.lower_bound);
     assert_eq!(p.lower_bound, lower_bound(buffers));
     p
-}
-
-/// Tiny xorshift64 PRNG, so the tests need no `rand`.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-/// `n` random buffers over `ops` ops, sizes `0..=max_size` (5% zero), alignments
-/// `1 << 0..aligns`.
-fn random_buffers(
-    rng: &mut Rng,
-    n: usize,
-    ops: usize,
-    max_size: usize,
-    aligns: usize,
-) -> Vec<Buffer> {
-    (0..n)
-        .map(|_| {
-            let first = rng.below(ops);
-            // Mostly short lifetimes, like graph values, some long ones.
-            let len = if rng.below(8) == 0 {
-                rng.below(ops)
-            } else {
-                rng.below(4)
-            };
-            let size = if rng.below(20) == 0 {
-                0
-            } else {
-                1 + rng.below(max_size)
-            };
-            Buffer::new(size, 1 << rng.below(aligns), first, first + len)
-        })
-        .collect()
 }
 
 /// Independent, simple re-implementation of the placement step: put the buffers

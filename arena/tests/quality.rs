@@ -2,23 +2,10 @@
 //! [`plan_into`] against [`plan`].
 #![cfg(feature = "alloc")]
 
-use edge_arena::{check, lower_bound, plan, plan_into, scratch_len, ArenaPlan, Buffer};
+mod common;
 
-/// Tiny xorshift64 PRNG, so the tests need no `rand`.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use common::{random_buffers, Rng};
+use edge_arena::{check, lower_bound, plan, plan_into, scratch_len, ArenaPlan, Buffer};
 
 fn planned(buffers: &[Buffer]) -> ArenaPlan {
     let p = plan(buffers).expect("plan");
@@ -26,33 +13,6 @@ fn planned(buffers: &[Buffer]) -> ArenaPlan {
     assert_eq!(p.lower_bound, lower_bound(buffers));
     assert!(p.ratio() >= 1.0);
     p
-}
-
-/// `n` random buffers over `ops` ops: sizes `1..=max_size` (a few zero),
-/// alignments `1 << 0..aligns`, mostly short lifetimes and some long ones.
-fn random_buffers(
-    rng: &mut Rng,
-    n: usize,
-    ops: usize,
-    max_size: usize,
-    aligns: usize,
-) -> Vec<Buffer> {
-    (0..n)
-        .map(|_| {
-            let first = rng.below(ops);
-            let len = if rng.below(8) == 0 {
-                rng.below(ops)
-            } else {
-                rng.below(4)
-            };
-            let size = if rng.below(20) == 0 {
-                0
-            } else {
-                1 + rng.below(max_size)
-            };
-            Buffer::new(size, 1 << rng.below(aligns), first, first + len)
-        })
-        .collect()
 }
 
 #[test]
