@@ -997,56 +997,34 @@ fn plan_and_bench_bad_arguments_give_one_line_errors() {
 /// plan it reports stays inside the budget.
 #[test]
 fn memory_budget_refuses_or_fits() {
-    let model = model();
-    let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
-        .args([
-            model.to_str().unwrap(),
-            "--mem-budget",
-            "40MiB",
-            "--ctx",
-            "8192",
-            "-p",
-            "hi",
-            "-t",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(
-        err.contains("kv cache 180.00 MiB") && err.contains("budget 40.00 MiB"),
-        "{err}"
-    );
+    let m = model();
+    let m = s(&m);
+    let out = run(&[
+        m,
+        "--mem-budget",
+        "40MiB",
+        "--ctx",
+        "8192",
+        "-p",
+        "hi",
+        "-t",
+        "1",
+    ]);
+    assert_error(&out, &["kv cache 180.00 MiB", "budget 40.00 MiB"]);
+    assert_eq!(out.code, Some(1));
     // The largest fitting ctx (about 1357: 40 MiB less the arena, over 30 KiB of KV per position).
-    let fit: u64 = err
+    let fit: u64 = out
+        .stderr
         .split("use --ctx ")
         .nth(1)
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no ctx in {err}"));
-    assert!((1300..1400).contains(&fit), "{err}");
-    assert!(out.stdout.is_empty());
+        .unwrap_or_else(|| panic!("no ctx in {out:?}"));
+    assert!((1300..1400).contains(&fit), "{out:?}");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
-        .args([
-            "plan",
-            model.to_str().unwrap(),
-            "--mem-budget",
-            "40MiB",
-            "-t",
-            "1",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = run(&["plan", m, "--mem-budget", "40MiB", "-t", "1", "--json"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let budget = 40u64 << 20;
     assert_eq!(v["budget_bytes"].as_u64(), Some(budget));
     assert!(v["owned_bytes"].as_u64().unwrap() <= budget);
@@ -1054,41 +1032,31 @@ fn memory_budget_refuses_or_fits() {
     let ctx = v["ctx"].as_u64().unwrap();
     assert!(ctx > 1000 && ctx < 2048, "ctx {ctx}");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
-        .args([
-            model.to_str().unwrap(),
-            "--mem-budget",
-            "40MiB",
-            "-p",
-            "The capital of France is",
-            "-n",
-            "4",
-            "--temp",
-            "0",
-            "-t",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with(" Paris"));
+    let prompt = "The capital of France is";
+    let out = run(&[
+        m,
+        "--mem-budget",
+        "40MiB",
+        "-p",
+        prompt,
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.starts_with(" Paris"), "{out:?}");
 
     for bad in [
-        vec!["plan", model.to_str().unwrap(), "--count-weights"],
-        vec!["plan", model.to_str().unwrap(), "--target", "nope"],
-        vec!["plan", model.to_str().unwrap(), "--mem-budget", "12parsecs"],
-        vec!["plan", model.to_str().unwrap(), "--mem-budget", "0"],
+        vec!["plan", m, "--count-weights"],
+        vec!["plan", m, "--target", "nope"],
+        vec!["plan", m, "--mem-budget", "12parsecs"],
+        vec!["plan", m, "--mem-budget", "0"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_edge-run"))
-            .args(&bad)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{bad:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.trim_end().lines().count(), 1, "{bad:?}: {err}");
+        let out = run(&bad);
+        assert_error(&out, &[]);
+        assert_eq!(out.code, Some(2), "{bad:?}");
     }
 }
