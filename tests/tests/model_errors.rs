@@ -394,6 +394,39 @@ fn tiny_model_loads_and_runs() {
 
 // ---------------------------------------------------------------- defects, one at a time
 
+/// A separate `output.weight` is used instead of the embedding table: with it set to twice the
+/// table, every logit doubles exactly (f32 weights; scaling by 2 is exact).
+#[test]
+fn separate_output_head_is_used() {
+    let tied = tiny_model();
+    let separate = with(|p| {
+        let embd = p.tensor("token_embd.weight");
+        let doubled: Vec<f32> = embd
+            .data
+            .chunks_exact(4)
+            .map(|b| 2.0 * f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let dims = embd.dims.clone();
+        p.tensors.push(T {
+            name: "output.weight".into(),
+            dims,
+            ty: GgmlType::F32,
+            data: f32_bytes(doubled),
+        });
+    });
+    let separate = Arc::new(load(&separate).expect("a model with its own output head loads"));
+    assert_ne!(separate.layout.output, separate.layout.token_embd);
+    let prompt = [3u32, 1, 4, 1, 5];
+    let want: Vec<f32> = session(&tied, 16, 8)
+        .prefill(&prompt)
+        .unwrap()
+        .iter()
+        .map(|x| 2.0 * x)
+        .collect();
+    let mut s = session(&separate, 16, 8);
+    assert_eq!(s.prefill(&prompt).unwrap(), &want[..]);
+}
+
 #[test]
 fn missing_tensor_is_named() {
     let e = load_err(&with(|p| {

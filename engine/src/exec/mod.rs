@@ -121,6 +121,103 @@ impl KvCache {
     }
 }
 
+/// Rotary embedding of one row (all heads) at position `pos`: `dst` = `src` with pairs rotated
+/// by `pos * freq_scale * freq_base^(-2i/n_rot)`, pairs adjacent (normal) or `n_rot/2` apart
+/// (NeoX); dimensions past `n_rot` pass through.
+fn rope_row(src: &[f32], dst: &mut [f32], pos: usize, head_dim: usize, rope: Rope) {
+    dst.copy_from_slice(src);
+    let n_heads = src.len() / head_dim;
+    let half = rope.n_rot / 2;
+    let theta_scale = rope.freq_base.powf(-2.0 / rope.n_rot as f32);
+    // theta_i by the same recurrence ggml uses, so the rounding matches the reference.
+    let mut theta = pos as f32;
+    for i in 0..half {
+        let (sin, cos) = (theta * rope.freq_scale).sin_cos();
+        for h in 0..n_heads {
+            let base = h * head_dim;
+            let (a, b) = match rope.ordering {
+                RopeOrdering::Normal => (base + 2 * i, base + 2 * i + 1),
+                RopeOrdering::NeoX => (base + i, base + i + half),
+            };
+            let (x0, x1) = (src[a], src[b]);
+            // Fused as GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
+            dst[a] = x0.mul_add(cos, -(x1 * sin));
+            dst[b] = x0.mul_add(sin, x1 * cos);
+        }
+        theta *= theta_scale;
+    }
+}
+
+#[cfg(test)]
+mod rope_tests {
+    use super::*;
+
+    fn rope(ordering: RopeOrdering, n_rot: usize, freq_scale: f32) -> Rope {
+        Rope {
+            ordering,
+            n_rot,
+            freq_base: 100.0,
+            freq_scale,
+        }
+    }
+
+    /// Rotating (1, 0) by theta gives (cos, sin): each pair's angle can be read back.
+    fn angles(dst: &[f32], pairs: &[(usize, usize)]) -> Vec<f32> {
+        pairs.iter().map(|&(a, b)| dst[b].atan2(dst[a])).collect()
+    }
+
+    #[test]
+    fn normal_rotates_adjacent_pairs() {
+        // head_dim 4, two heads: pairs (0,1), (2,3) in each; angles pos * 100^(-2i/4).
+        let mut src = vec![0.0f32; 8];
+        for a in [0, 2, 4, 6] {
+            src[a] = 1.0;
+        }
+        let mut dst = vec![0.0; 8];
+        rope_row(&src, &mut dst, 3, 4, rope(RopeOrdering::Normal, 4, 1.0));
+        let got = angles(&dst, &[(0, 1), (2, 3), (4, 5), (6, 7)]);
+        let want = [3.0f32, 0.3, 3.0, 0.3];
+        for (g, w) in got.iter().zip(want) {
+            let w = (w + std::f32::consts::PI).rem_euclid(2.0 * std::f32::consts::PI)
+                - std::f32::consts::PI;
+            assert!((g - w).abs() < 1e-5, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn neox_rotates_halves_and_partial_rotary_passes_the_rest() {
+        // head_dim 6, n_rot 4: pairs (0,2), (1,3); dims 4 and 5 untouched.
+        let src = [1.0f32, 1.0, 0.0, 0.0, 7.0, -7.0];
+        let mut dst = [0.0f32; 6];
+        rope_row(&src, &mut dst, 1, 6, rope(RopeOrdering::NeoX, 4, 1.0));
+        let got = angles(&dst, &[(0, 2), (1, 3)]);
+        assert!(
+            (got[0] - 1.0).abs() < 1e-6 && (got[1] - 0.1).abs() < 1e-6,
+            "{got:?}"
+        );
+        assert_eq!(&dst[4..], &[7.0, -7.0]);
+    }
+
+    #[test]
+    fn linear_scaling_divides_the_position() {
+        let src = [1.0f32, 0.0];
+        let (mut scaled, mut plain) = ([0.0f32; 2], [0.0f32; 2]);
+        rope_row(&src, &mut scaled, 8, 2, rope(RopeOrdering::Normal, 2, 0.25));
+        rope_row(&src, &mut plain, 2, 2, rope(RopeOrdering::Normal, 2, 1.0));
+        assert_eq!(scaled, plain);
+        // Position 0 is the identity.
+        let mut zero = [0.0f32; 2];
+        rope_row(
+            &[0.3, -0.4],
+            &mut zero,
+            0,
+            2,
+            rope(RopeOrdering::NeoX, 2, 1.0),
+        );
+        assert_eq!(zero, [0.3, -0.4]);
+    }
+}
+
 /// One row of `silu(gate) * up` with ggml's SiLU (its own exp polynomial; see
 /// [`cpu::ggml_order`]).
 #[inline(always)]
@@ -538,32 +635,15 @@ impl OpCtx<'_> {
 
     fn rope(&self, x: ValueId, head_dim: usize, rope: Rope, out: ValueId) {
         let cols = self.cols(out);
-        let n_heads = cols / head_dim;
-        let half = rope.n_rot / 2;
-        let theta_scale = rope.freq_base.powf(-2.0 / rope.n_rot as f32);
         for t in self.share(self.rows_of(out), 1) {
             let src = self.input(x, t..t + 1);
-            let dst = self.output(out, t, 0..cols);
-            dst.copy_from_slice(src);
-            let pos = (self.args.pos0 + t) as f32;
-            // theta_i = pos * scale * base^(-2i/n_rot), by the same recurrence ggml uses so the
-            // rounding matches the reference.
-            let mut theta = pos;
-            for i in 0..half {
-                let (sin, cos) = (theta * rope.freq_scale).sin_cos();
-                for h in 0..n_heads {
-                    let base = h * head_dim;
-                    let (a, b) = match rope.ordering {
-                        RopeOrdering::Normal => (base + 2 * i, base + 2 * i + 1),
-                        RopeOrdering::NeoX => (base + i, base + i + half),
-                    };
-                    let (x0, x1) = (src[a], src[b]);
-                    // Fused as GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
-                    dst[a] = x0.mul_add(cos, -(x1 * sin));
-                    dst[b] = x0.mul_add(sin, x1 * cos);
-                }
-                theta *= theta_scale;
-            }
+            rope_row(
+                src,
+                self.output(out, t, 0..cols),
+                self.args.pos0 + t,
+                head_dim,
+                rope,
+            );
         }
     }
 
