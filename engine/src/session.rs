@@ -45,6 +45,10 @@ pub struct MemoryReport {
     pub arena_lower_bound_bytes: u64,
     /// Per-thread scratch of the kernels.
     pub scratch_bytes: u64,
+    /// Heap of the loaded model besides its weights (tokenizer, metadata), as measured at load
+    /// ([`Model::runtime_bytes`]); shared by all sessions of the model, not planned, not
+    /// charged to a budget, but part of the total the process uses.
+    pub runtime_bytes: u64,
 }
 
 impl MemoryReport {
@@ -53,9 +57,15 @@ impl MemoryReport {
         self.kv_bytes + self.arena_bytes + self.scratch_bytes
     }
 
-    /// Owned bytes plus the mapped weights.
-    pub fn total_bytes(&self) -> u64 {
+    /// Owned bytes plus the mapped weights: what a budget that counts weights is charged.
+    pub fn owned_with_weights_bytes(&self) -> u64 {
         self.owned_bytes() + self.weights_bytes
+    }
+
+    /// Everything the process holds for the model and this session: owned, mapped weights and
+    /// the model's runtime heap.
+    pub fn total_bytes(&self) -> u64 {
+        self.owned_with_weights_bytes() + self.runtime_bytes
     }
 }
 
@@ -167,6 +177,7 @@ impl SessionPlan {
                 arena_bytes: arena_bytes as u64,
                 arena_lower_bound_bytes: lower_bound as u64,
                 scratch_bytes: scratch_bytes as u64,
+                runtime_bytes: model.runtime_bytes(),
             },
             decode,
             prefill,

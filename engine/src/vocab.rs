@@ -36,6 +36,24 @@ fn opt_bool(g: &Gguf, key: &str) -> Result<Option<bool>> {
 
 /// Everything `tokenizer.ggml.*` (and `general.name`) says about the vocabulary.
 pub fn vocab_config_from_gguf(g: &Gguf) -> Result<VocabConfig> {
+    vocab_config(g, None, None)
+}
+
+/// As [`vocab_config_from_gguf`], but moves the token and merge strings out of the GGUF's
+/// metadata instead of copying them (the keys are left holding empty arrays): a model keeps
+/// its tokenizer, and the second copy of a large vocabulary would be pure overhead.
+pub fn take_vocab_config(g: &mut Gguf) -> Result<VocabConfig> {
+    let tokens = g.take_str_array("tokenizer.ggml.tokens");
+    let merges = g.take_str_array("tokenizer.ggml.merges");
+    vocab_config(g, tokens, merges)
+}
+
+/// Reads the vocabulary; `tokens` / `merges`, when given, were already taken out of `g`.
+fn vocab_config(
+    g: &Gguf,
+    tokens: Option<Vec<String>>,
+    merges: Option<Vec<String>>,
+) -> Result<VocabConfig> {
     const MODEL: &str = "tokenizer.ggml.model";
     const TOKENS: &str = "tokenizer.ggml.tokens";
     let model = g
@@ -46,15 +64,18 @@ pub fn vocab_config_from_gguf(g: &Gguf) -> Result<VocabConfig> {
                 .into(),
         })?
         .to_string();
-    let tokens: Vec<String> = g
-        .get_str_array(TOKENS)
-        .ok_or_else(|| EngineError::Metadata {
-            key: TOKENS.into(),
-            problem: "missing or not an array of strings: the GGUF has no vocabulary".into(),
-        })?
-        .into_iter()
-        .map(str::to_string)
-        .collect();
+    let tokens: Vec<String> = match tokens {
+        Some(t) => t,
+        None => g
+            .get_str_array(TOKENS)
+            .ok_or_else(|| EngineError::Metadata {
+                key: TOKENS.into(),
+                problem: "missing or not an array of strings: the GGUF has no vocabulary".into(),
+            })?
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
+    };
     let strings = |key: &str| -> Result<Option<Vec<String>>> {
         opt(g, key, "an array of strings", |g, k| {
             g.get_str_array(k)
@@ -79,7 +100,10 @@ pub fn vocab_config_from_gguf(g: &Gguf) -> Result<VocabConfig> {
             "an array of 32-bit integers",
             Gguf::get_i32_array,
         )?,
-        merges: strings("tokenizer.ggml.merges")?,
+        merges: match merges {
+            Some(m) => Some(m),
+            None => strings("tokenizer.ggml.merges")?,
+        },
         bos_id: opt_u32(g, "tokenizer.ggml.bos_token_id")?,
         eos_id: opt_u32(g, "tokenizer.ggml.eos_token_id")?,
         eot_id: opt_u32(g, "tokenizer.ggml.eot_token_id")?,

@@ -21,7 +21,7 @@ mod stream;
 mod unicode;
 mod wpm;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 pub use error::TokenizerError;
 pub use stream::StreamDecoder;
@@ -104,10 +104,9 @@ fn attr_of_type(t: i32) -> u16 {
 
 /// The vocabulary tables shared by every algorithm.
 pub(crate) struct Vocab {
-    tokens: Vec<String>,
+    tokens: TokenTable,
     scores: Vec<f32>,
     attrs: Vec<u16>,
-    to_id: HashMap<String, u32>,
     max_token_len: usize,
     /// `<0xXX>` (or raw single-byte) token of every byte, for SentencePiece byte fallback.
     byte_tokens: [Option<u32>; 256],
@@ -116,7 +115,7 @@ pub(crate) struct Vocab {
 impl Vocab {
     #[inline]
     pub(crate) fn id(&self, text: &str) -> Option<u32> {
-        self.to_id.get(text).copied()
+        self.tokens.id(text)
     }
     #[inline]
     pub(crate) fn score(&self, id: u32) -> f32 {
@@ -129,6 +128,84 @@ impl Vocab {
     #[inline]
     pub(crate) fn max_token_len(&self) -> usize {
         self.max_token_len
+    }
+}
+
+/// Every token's text in one buffer, with an index sorted by text for lookups.
+///
+/// A vocabulary of 50k-250k short strings stored as `Vec<String>` plus a `HashMap<String, u32>`
+/// costs two heap blocks and a hash slot per token (about 6 MiB for 49k tokens); one buffer, its
+/// offsets and a sorted id list cost under 1 MiB. Lookups are a binary search: they happen for
+/// special tokens and SentencePiece merges, never per weight or per decoded token.
+pub(crate) struct TokenTable {
+    text: String,
+    /// `off[id]..off[id + 1]` is token `id`'s text.
+    off: Vec<u32>,
+    /// Ids ordered by (text, id).
+    sorted: Vec<u32>,
+}
+
+impl TokenTable {
+    /// Packs `tokens` (at most `u32::MAX` bytes of text in all).
+    fn new(tokens: Vec<String>) -> Result<TokenTable, TokenizerError> {
+        let total: usize = tokens.iter().map(String::len).sum();
+        if total > u32::MAX as usize {
+            return Err(TokenizerError::Metadata {
+                what: format!("vocabulary text of {total} bytes is too large"),
+            });
+        }
+        let mut text = String::with_capacity(total);
+        let mut off = Vec::with_capacity(tokens.len() + 1);
+        for t in tokens {
+            off.push(text.len() as u32);
+            text.push_str(&t);
+        }
+        off.push(text.len() as u32);
+        let mut table = TokenTable {
+            text,
+            off,
+            sorted: Vec::new(),
+        };
+        let mut sorted: Vec<u32> = (0..table.len() as u32).collect();
+        sorted.sort_unstable_by(|&a, &b| table.get(a).cmp(table.get(b)).then(a.cmp(&b)));
+        for w in sorted.windows(2) {
+            if table.get(w[0]) == table.get(w[1]) {
+                log::warn!(
+                    "duplicate token {:?} at ids {} and {}: the text maps to {}",
+                    table.get(w[0]),
+                    w[0],
+                    w[1],
+                    w[1]
+                );
+            }
+        }
+        table.sorted = sorted;
+        Ok(table)
+    }
+
+    fn len(&self) -> usize {
+        self.off.len() - 1
+    }
+
+    /// Token `id`'s text (empty for an id out of range).
+    fn get(&self, id: u32) -> &str {
+        let i = id as usize;
+        match (self.off.get(i), self.off.get(i + 1)) {
+            (Some(&a), Some(&b)) => &self.text[a as usize..b as usize],
+            _ => "",
+        }
+    }
+
+    /// The id of `text`; of several tokens with the same text, the last (as llama.cpp's map
+    /// keeps the last insert).
+    fn id(&self, text: &str) -> Option<u32> {
+        let end = self.sorted.partition_point(|&i| self.get(i) <= text);
+        let &id = self.sorted.get(end.checked_sub(1)?)?;
+        (self.get(id) == text).then_some(id)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        (0..self.len() as u32).map(|i| self.get(i))
     }
 }
 
@@ -282,7 +359,6 @@ impl Tokenizer {
 
         // tokens
         let mut tokens = Vec::with_capacity(n);
-        let mut to_id: HashMap<String, u32> = HashMap::with_capacity(n);
         let mut attrs = Vec::with_capacity(n);
         let mut max_token_len = 0;
         for (i, t) in cfg.tokens.into_iter().enumerate() {
@@ -292,9 +368,6 @@ impl Tokenizer {
             } else {
                 t
             };
-            if let Some(prev) = to_id.insert(t.clone(), i as u32) {
-                log::warn!("duplicate token {t:?} at ids {prev} and {i}: the text maps to {i}");
-            }
             max_token_len = max_token_len.max(t.len());
             attrs.push(match &cfg.token_types {
                 Some(tt) => attr_of_type(tt[i]),
@@ -302,6 +375,7 @@ impl Tokenizer {
             });
             tokens.push(t);
         }
+        let tokens = TokenTable::new(tokens)?;
         let scores = cfg.scores.map(|mut s| {
             s.truncate(n);
             s
@@ -368,15 +442,14 @@ impl Tokenizer {
         }
 
         // text-detected EOT/EOM/FIM/EOG tokens (llama.cpp marks them control)
-        let find = |texts: &[&str]| -> Option<u32> {
-            texts.iter().filter_map(|t| to_id.get(*t).copied()).min()
-        };
+        let find =
+            |texts: &[&str]| -> Option<u32> { texts.iter().filter_map(|t| tokens.id(t)).min() };
         let make_control = |id: u32, attrs: &mut Vec<u16>| {
             let a = &mut attrs[id as usize];
             if *a & ATTR_CONTROL == 0 {
                 log::warn!(
                     "control-looking token {id} '{}' was not control-type; treating it as control",
-                    tokens[id as usize]
+                    tokens.get(id)
                 );
                 *a |= ATTR_CONTROL;
             }
@@ -388,7 +461,7 @@ impl Tokenizer {
             }
         }
         if eom.is_none() {
-            eom = to_id.get("<|eom_id|>").copied();
+            eom = tokens.id("<|eom_id|>");
             if let Some(id) = eom {
                 make_control(id, &mut attrs);
             }
@@ -401,14 +474,14 @@ impl Tokenizer {
             }
         }
         for t in EOG_TEXTS {
-            if let Some(&id) = to_id.get(*t) {
+            if let Some(id) = tokens.id(t) {
                 make_control(id, &mut attrs);
                 eog.insert(id);
             }
         }
         // gpt-oss: these always render
         for t in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-            if let Some(&id) = to_id.get(t) {
+            if let Some(id) = tokens.id(t) {
                 attrs[id as usize] = ATTR_USER_DEFINED;
             }
         }
@@ -416,10 +489,10 @@ impl Tokenizer {
             eog.insert(id);
         }
         // o200k_harmony: <|end|> is not end-of-generation when <|return|> and <|call|> exist
-        if let (Some(&r), Some(&c), Some(&e)) = (
-            to_id.get("<|return|>"),
-            to_id.get("<|call|>"),
-            to_id.get("<|end|>"),
+        if let (Some(r), Some(c), Some(e)) = (
+            tokens.id("<|return|>"),
+            tokens.id("<|call|>"),
+            tokens.id("<|end|>"),
         ) {
             if eog.contains(&r) && eog.contains(&c) && eog.contains(&e) {
                 eog.remove(&e);
@@ -433,7 +506,7 @@ impl Tokenizer {
                 attrs[id as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0
             })
             .collect();
-        special_cache.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()));
+        special_cache.sort_by(|&a, &b| tokens.get(b).len().cmp(&tokens.get(a).len()));
 
         // per-model attributes keyed on the name (llama.cpp)
         let name = cfg.model_name.unwrap_or_default().to_lowercase();
@@ -441,11 +514,11 @@ impl Tokenizer {
             for &id in &special_cache {
                 attrs[id as usize] |= ATTR_RSTRIP;
             }
-            if let Some(&id) = to_id.get("</s>") {
+            if let Some(id) = tokens.id("</s>") {
                 attrs[id as usize] |= ATTR_RSTRIP;
             }
             for t in ["<unk>", "<s>", "<|endoftext|>"] {
-                if let Some(&id) = to_id.get(t) {
+                if let Some(id) = tokens.id(t) {
                     attrs[id as usize] &= !ATTR_RSTRIP;
                 }
             }
@@ -455,9 +528,9 @@ impl Tokenizer {
         let mut byte_tokens = [None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             let hex = format!("<0x{b:02X}>");
-            *slot = to_id.get(&hex).copied().or_else(|| {
+            *slot = tokens.id(&hex).or_else(|| {
                 if b < 0x80 {
-                    to_id.get(&(b as u8 as char).to_string()).copied()
+                    tokens.id((b as u8 as char).encode_utf8(&mut [0; 4]))
                 } else {
                     None
                 }
@@ -468,7 +541,6 @@ impl Tokenizer {
             tokens,
             scores,
             attrs,
-            to_id,
             max_token_len,
             byte_tokens,
         };
@@ -658,7 +730,7 @@ impl Tokenizer {
             if !parse_special && attr & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
                 continue;
             }
-            let tok = self.vocab.tokens[id as usize].as_str();
+            let tok = self.vocab.tokens.get(id);
             if !text.contains(tok) {
                 continue;
             }
@@ -793,7 +865,7 @@ impl Tokenizer {
 
     /// The vocabulary text of token `id` as stored (byte-level or `▁`-escaped).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.vocab.tokens.get(id as usize).map(String::as_str)
+        ((id as usize) < self.vocab.tokens.len()).then(|| self.vocab.tokens.get(id))
     }
 
     /// The id whose vocabulary text is exactly `text`.
@@ -820,7 +892,9 @@ fn build_bpe(
     ignore_merges: bool,
 ) -> Result<tokenizers::models::bpe::BPE, TokenizerError> {
     use tokenizers::models::bpe::{Vocab as HfVocab, BPE};
-    let hf_vocab: HfVocab = vocab.to_id.iter().map(|(k, &v)| (k.clone(), v)).collect();
+    let hf_vocab: HfVocab = (0..vocab.tokens.len() as u32)
+        .map(|id| (vocab.tokens.get(id).to_string(), id))
+        .collect();
     let mut seen = HashSet::with_capacity(merges.len());
     let mut pairs = Vec::with_capacity(merges.len());
     let mut skipped = 0usize;

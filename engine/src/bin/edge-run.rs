@@ -881,6 +881,7 @@ fn plan(a: PlanArgs) -> CliResult {
             "arena_bytes": r.arena_bytes,
             "arena_lower_bound_bytes": r.arena_lower_bound_bytes,
             "scratch_bytes": r.scratch_bytes,
+            "runtime_bytes": r.runtime_bytes,
             "owned_bytes": r.owned_bytes(),
             "total_bytes": r.total_bytes(),
             "ctx": plan.ctx,
@@ -964,12 +965,22 @@ fn plan(a: PlanArgs) -> CliResult {
     ));
     lines.push(row(
         "total with weights",
-        r.total_bytes(),
+        r.owned_with_weights_bytes(),
         "owned + mapped weights".into(),
+    ));
+    lines.push(row(
+        "model runtime",
+        r.runtime_bytes,
+        "tokenizer and metadata heap, measured at load (shared by sessions)".into(),
+    ));
+    lines.push(row(
+        "total",
+        r.total_bytes(),
+        "what the process holds: weights + runtime + owned".into(),
     ));
     if let Some(b) = &budget {
         let charged = if b.count_weights {
-            r.total_bytes()
+            r.owned_with_weights_bytes()
         } else {
             r.owned_bytes()
         };

@@ -14,12 +14,30 @@ impl Pod for f32 {}
 impl Pod for u8 {}
 impl Pod for half::f16 {}
 
+/// Blocks of at least this many bytes are anonymous memory maps rather than heap blocks.
+///
+/// The allocator zeroes an over-aligned `alloc_zeroed` block by writing it, which makes every
+/// page resident at once; fresh anonymous pages are zero without being touched and become
+/// resident only when first written. A 2048-position KV cache of which a short chat fills 100
+/// rows then costs the process 100 rows of memory, not 45 MiB, and the arena costs the pages
+/// the actual ubatch touches.
+const MAP_THRESHOLD: usize = 256 * 1024;
+
+/// Where a [`SharedMem`]'s bytes come from.
+enum Backing {
+    /// A heap block allocated with this layout.
+    Heap(Layout),
+    /// An anonymous mapping (page-aligned, so also [`ALIGN`]-aligned); unmapped on drop.
+    Map(#[allow(dead_code)] memmap2::MmapMut),
+}
+
 /// A zero-initialised, 64-byte-aligned block of memory that hands out typed slices by byte
 /// offset. Several threads may hold slices at once; keeping them disjoint is the caller's job
 /// (see the safety contract of [`SharedMem::slice_mut`]).
 pub struct SharedMem {
     ptr: NonNull<u8>,
     len: usize,
+    backing: Backing,
 }
 
 // SAFETY: SharedMem is a plain allocation; all access goes through the unsafe slice methods,
@@ -30,14 +48,31 @@ unsafe impl Sync for SharedMem {}
 
 impl SharedMem {
     /// Allocates `len` zeroed bytes (at least one, so the pointer is always a real allocation).
+    /// Large blocks are anonymous maps whose pages become resident as they are written.
     pub fn new(len: usize) -> Result<SharedMem, String> {
+        if len >= MAP_THRESHOLD {
+            let mut map = memmap2::MmapMut::map_anon(len)
+                .map_err(|e| format!("out of memory mapping {len} bytes: {e}"))?;
+            let ptr = NonNull::new(map.as_mut_ptr())
+                .ok_or_else(|| format!("out of memory mapping {len} bytes"))?;
+            debug_assert_eq!(ptr.as_ptr() as usize % ALIGN, 0, "maps are page-aligned");
+            return Ok(SharedMem {
+                ptr,
+                len,
+                backing: Backing::Map(map),
+            });
+        }
         let layout = Layout::from_size_align(len.max(1), ALIGN)
             .map_err(|e| format!("cannot allocate {len} bytes: {e}"))?;
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr =
             NonNull::new(raw).ok_or_else(|| format!("out of memory allocating {len} bytes"))?;
-        Ok(SharedMem { ptr, len })
+        Ok(SharedMem {
+            ptr,
+            len,
+            backing: Backing::Heap(layout),
+        })
     }
 
     /// Size in bytes.
@@ -95,9 +130,10 @@ impl SharedMem {
 
 impl Drop for SharedMem {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len.max(1), ALIGN)
-            .expect("layout was valid at allocation");
-        // SAFETY: allocated in `new` with this very layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        if let Backing::Heap(layout) = self.backing {
+            // SAFETY: allocated in `new` with this very layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+        // A map is unmapped when `backing` drops.
     }
 }

@@ -661,6 +661,29 @@ impl Gguf {
             .collect()
     }
 
+    /// Moves the strings of a string array out, leaving an empty array under the key: a
+    /// consumer of a large array (the tokenizer's 50k-250k tokens and merges) takes it instead
+    /// of copying it, so the process does not hold the vocabulary twice. `None` (and nothing
+    /// moved) if the key is absent or not an array of strings.
+    pub fn take_str_array(&mut self, key: &str) -> Option<Vec<String>> {
+        let &i = self.key_index.get(key)?;
+        let MetaValue::Array(items) = &mut self.metadata.get_mut(i)?.1 else {
+            return None;
+        };
+        if !items.iter().all(|v| matches!(v, MetaValue::String(_))) {
+            return None;
+        }
+        Some(
+            std::mem::take(items)
+                .into_iter()
+                .filter_map(|v| match v {
+                    MetaValue::String(s) => Some(s),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
     /// An array whose elements are all numbers (see [`MetaValue::as_f32`]), as `f32`.
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
         self.get(key)?
