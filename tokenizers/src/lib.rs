@@ -506,7 +506,7 @@ impl Tokenizer {
                 attrs[id as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0
             })
             .collect();
-        special_cache.sort_by(|&a, &b| tokens.get(b).len().cmp(&tokens.get(a).len()));
+        special_cache.sort_by_key(|&id| std::cmp::Reverse(tokens.get(id).len()));
 
         // per-model attributes keyed on the name (llama.cpp)
         let name = cfg.model_name.unwrap_or_default().to_lowercase();
