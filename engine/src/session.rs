@@ -7,7 +7,8 @@ use crate::arch;
 use crate::cpu::Kernels;
 use crate::error::{EngineError, Result};
 use crate::exec::{
-    memory::ALIGN, scratch_bytes_per_thread, Executor, KvCache, PlannedGraph, RunArgs,
+    memory::ALIGN, online_scratch_bytes_per_thread, scratch_bytes_per_thread, Executor, KvCache,
+    PlannedGraph, RunArgs,
 };
 use crate::graph::Graph;
 use crate::model::Model;
@@ -30,6 +31,10 @@ pub struct SessionConfig {
     pub threads: Option<usize>,
     /// Element type of the KV cache (f16 by default).
     pub kv_type: crate::exec::KvType,
+    /// Tiled (flash-style, online-softmax) attention for an f16 cache too, with scratch that
+    /// does not grow with the context. Off by default: the exact path reproduces llama.cpp's
+    /// logits bit for bit. A q8_0 cache always uses the tiled attention.
+    pub flash_attn: bool,
 }
 
 /// Memory a session owns, computed from its plan. Weights are mapped from the file, not copied.
@@ -98,6 +103,9 @@ pub struct SessionPlan {
     pub threads: usize,
     /// KV cache element type.
     pub kv_type: crate::exec::KvType,
+    /// Attention runs tiled with an online softmax (flash attention asked for, or a q8_0
+    /// cache).
+    pub flash_attn: bool,
     /// Memory the session will hold.
     pub report: MemoryReport,
     decode: PlannedGraph,
@@ -155,10 +163,15 @@ impl SessionPlan {
                 p.n_ctx_train
             ))
         })?;
-        let scratch_bytes = scratch_bytes_per_thread(ctx, p.head_dim)
-            .checked_next_multiple_of(ALIGN)
-            .and_then(|b| b.checked_mul(threads))
-            .ok_or_else(|| EngineError::InvalidArgument(format!("--ctx {ctx}: too large")))?;
+        let flash_attn = cfg.flash_attn || cfg.kv_type == crate::exec::KvType::Q8_0;
+        let scratch_bytes = if flash_attn {
+            online_scratch_bytes_per_thread(p.head_dim)
+        } else {
+            scratch_bytes_per_thread(ctx, p.head_dim)
+        }
+        .checked_next_multiple_of(ALIGN)
+        .and_then(|b| b.checked_mul(threads))
+        .ok_or_else(|| EngineError::InvalidArgument(format!("--ctx {ctx}: too large")))?;
         let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(model, 1))?;
         let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
             let (pg, size, bound) = plan_graph(arch::llama::build_graph(model, ubatch))?;
@@ -171,6 +184,7 @@ impl SessionPlan {
             ubatch,
             threads,
             kv_type: cfg.kv_type,
+            flash_attn,
             report: MemoryReport {
                 weights_bytes: model.weight_bytes_total(),
                 kv_bytes: kv_bytes as u64,
@@ -312,6 +326,7 @@ impl Session {
             plan.threads,
             plan.ctx,
             p.head_dim,
+            plan.flash_attn,
             Kernels::detect(),
         )
         .map_err(|e| EngineError::InvalidArgument(format!("cannot allocate the session: {e}")))?;

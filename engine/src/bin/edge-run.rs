@@ -200,6 +200,10 @@ struct BudgetArgs {
     /// flash-style attention; logits differ slightly, see the README).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = kv_type)]
     kv_type: edge_engine::exec::KvType,
+    /// Tiled attention with an online softmax (flash-style) for an f16 cache too: per-thread
+    /// scratch no longer grows with the context; logits differ slightly from llama.cpp's.
+    #[arg(long = "flash-attn", visible_alias = "fa")]
+    flash_attn: bool,
 }
 
 fn kv_type(s: &str) -> Result<edge_engine::exec::KvType, String> {
@@ -731,6 +735,7 @@ fn generate(a: GenerateArgs) -> CliResult {
         ubatch: a.ubatch,
         threads: a.threads,
         kv_type: a.budget.kv_type,
+        flash_attn: a.budget.flash_attn,
     };
     let budget = a.budget.budget()?;
     let mut session = match &budget {
@@ -844,6 +849,7 @@ fn plan(a: PlanArgs) -> CliResult {
         ubatch: a.ubatch,
         threads: a.threads,
         kv_type: a.budget.kv_type,
+        flash_attn: a.budget.flash_attn,
     };
     let budget = a.budget.budget()?;
     let plan = match &budget {
@@ -888,6 +894,7 @@ fn plan(a: PlanArgs) -> CliResult {
             "ubatch": plan.ubatch,
             "threads": plan.threads,
             "kv_type": plan.kv_type.name(),
+            "flash_attn": plan.flash_attn,
         });
         return write_lines(&[v.to_string()]);
     }

@@ -266,8 +266,17 @@ pub fn scratch_bytes_per_thread(ctx: usize, head_dim: usize) -> usize {
     (ctx + head_dim + head_dim * 4 * cpu::ggml_order::LANES) * 4
 }
 
+/// Bytes of scratch one thread needs for the tiled (online-softmax) attention: an f32
+/// accumulator and one dequantized value row of one head. Independent of the context.
+pub fn online_scratch_bytes_per_thread(head_dim: usize) -> usize {
+    2 * head_dim * 4
+}
+
 /// Everything a run touches besides the model.
 pub struct Executor {
+    /// Attention runs tiled with an online softmax (always for a q8_0 cache; for f16 when
+    /// flash attention was asked for).
+    online_attention: bool,
     pool: ThreadPool,
     barrier: SpinBarrier,
     kernels: Kernels,
@@ -288,17 +297,25 @@ pub struct RunArgs<'a> {
 }
 
 impl Executor {
-    /// An executor with an arena of `arena_bytes` and `n_threads` threads.
+    /// An executor with an arena of `arena_bytes` and `n_threads` threads; `online_attention`
+    /// picks the tiled online-softmax attention (scratch independent of `ctx`) over the exact
+    /// llama.cpp-order one.
     pub fn new(
         arena_bytes: usize,
         n_threads: usize,
         ctx: usize,
         head_dim: usize,
+        online_attention: bool,
         kernels: Kernels,
     ) -> Result<Executor, String> {
-        let scratch_per_thread =
-            scratch_bytes_per_thread(ctx, head_dim).next_multiple_of(memory::ALIGN);
+        let scratch_per_thread = if online_attention {
+            online_scratch_bytes_per_thread(head_dim)
+        } else {
+            scratch_bytes_per_thread(ctx, head_dim)
+        }
+        .next_multiple_of(memory::ALIGN);
         Ok(Executor {
+            online_attention,
             pool: ThreadPool::new(n_threads)?,
             barrier: SpinBarrier::new(n_threads.max(1)),
             kernels,
@@ -675,11 +692,12 @@ impl OpCtx<'_> {
         }
     }
 
-    /// Attention over a q8_0 cache, flash-style as llama.cpp's flash-attention path does it
-    /// for a quantized cache: the query is quantized to q8_0 for the integer K·q products, and
-    /// one pass over the positions keeps a running maximum, a running denominator and an f32
-    /// accumulator of V, rescaled whenever the maximum grows (online softmax). Memory: one
-    /// head of accumulator per thread, whatever the context.
+    /// Attention tiled over the cache, flash-style: one pass over the positions keeps a running
+    /// maximum, a running denominator and an f32 accumulator of V, rescaled whenever the
+    /// maximum grows (online softmax). Memory: one head of accumulator per thread, whatever the
+    /// context. With a q8_0 cache the query is quantized to q8_0 for integer K·q products, as
+    /// llama.cpp's flash-attention path does for a quantized cache; with f16 the products are
+    /// f32 over the widened keys.
     #[inline(always)]
     fn attention_online(&self, a: AttentionArgs) {
         use crate::tensor::GgmlType;
@@ -698,14 +716,17 @@ impl OpCtx<'_> {
         let (acc, rest) = scratch.split_at_mut(head_dim);
         let (vtmp, _) = rest.split_at_mut(head_dim);
         // q8_0 of one query head (head_dim <= MAX_Q8_HEAD_DIM, checked when planning).
+        let quantized = self.kv.ty == KvType::Q8_0;
         let mut q8 = [0u8; MAX_Q8_HEAD_DIM / 32 * 34];
-        let q8 = &mut q8[..head_bytes];
+        let q8 = &mut q8[..if quantized { head_bytes } else { 0 }];
         for job in self.share(self.n_tokens() * n_head, 1) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
             let n_pos = self.args.pos0 + t + 1;
             let qh = &self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim];
-            let _ = self.exec.kernels.quantize_row(GgmlType::Q8_0, qh, q8);
+            if quantized {
+                let _ = self.exec.kernels.quantize_row(GgmlType::Q8_0, qh, q8);
+            }
             let mut max = f32::NEG_INFINITY;
             let mut sum = 0.0f32;
             acc.fill(0.0);
@@ -717,7 +738,14 @@ impl OpCtx<'_> {
                         .slice::<u8>(self.kv.row_offset(layer, false, p), self.kv.row_bytes)
                 };
                 let k = &krow[kvh * head_bytes..(kvh + 1) * head_bytes];
-                let s = self.exec.kernels.vec_dot(GgmlType::Q8_0, head_dim, k, q8) * scale;
+                let s = if quantized {
+                    self.exec.kernels.vec_dot(GgmlType::Q8_0, head_dim, k, q8)
+                } else {
+                    k.chunks_exact(2)
+                        .zip(qh)
+                        .map(|(k, q)| f16::from_le_bytes([k[0], k[1]]).to_f32() * q)
+                        .sum::<f32>()
+                } * scale;
                 let (ms, vs) = if s > max {
                     let ms = (max - s).exp();
                     max = s;
@@ -735,7 +763,7 @@ impl OpCtx<'_> {
                         .slice::<u8>(self.kv.row_offset(layer, true, p), self.kv.row_bytes)
                 };
                 let _ = cpu::dequantize_row(
-                    GgmlType::Q8_0,
+                    self.kv.ty.ggml_type(),
                     &vrow[kvh * head_bytes..(kvh + 1) * head_bytes],
                     vtmp,
                 );
@@ -771,7 +799,7 @@ impl OpCtx<'_> {
     /// [`OpCtx::attention_online`].
     #[inline(always)]
     fn attention(&self, a: AttentionArgs) {
-        if self.kv.ty == KvType::Q8_0 {
+        if self.exec.online_attention || self.kv.ty == KvType::Q8_0 {
             return self.attention_online(a);
         }
         let AttentionArgs {
