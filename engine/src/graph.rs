@@ -150,6 +150,8 @@ impl Op {
             | Op::TakeLast { x, .. } => vec![x],
             Op::StoreKv { k, v, .. } => vec![k, v],
             Op::Attention { q, .. } => vec![q],
+            // x + x would read the aliased input twice: planned apart.
+            Op::Add { a, b, .. } if a == b => vec![],
             Op::Add { a, b, .. } => vec![a, b],
             Op::SwiGlu { gate, up, .. } => vec![gate, up],
         }
@@ -168,6 +170,20 @@ impl Op {
             | Op::SwiGlu { out, .. }
             | Op::TakeLast { out, .. } => Some(out),
             Op::StoreKv { .. } => None,
+        }
+    }
+
+    /// Inputs the op may overwrite with its output, when the input dies at this op: the
+    /// elementwise ops (`Add`, `SwiGlu`), which read each element before writing the same
+    /// element. The planner then gives the output the input's offset (see
+    /// [`edge_arena::plan_with_inplace`]).
+    pub fn inplace_inputs(&self) -> Vec<ValueId> {
+        match *self {
+            // x + x would read the aliased input twice: planned apart.
+            Op::Add { a, b, .. } if a == b => vec![],
+            Op::Add { a, b, .. } => vec![a, b],
+            Op::SwiGlu { gate, .. } => vec![gate],
+            _ => vec![],
         }
     }
 
@@ -232,6 +248,16 @@ impl Graph {
     /// Appends an op.
     pub fn push(&mut self, op: Op) {
         self.ops.push(op);
+    }
+
+    /// The in-place permissions of this graph as `(output, input)` value indices, for
+    /// [`edge_arena::plan_with_inplace`]; the planner uses those whose input dies at the op.
+    pub fn inplace_pairs(&self) -> Vec<(usize, usize)> {
+        self.ops
+            .iter()
+            .filter_map(|op| Some((op.output()?, op.inplace_inputs())))
+            .flat_map(|(out, ins)| ins.into_iter().map(move |i| (out.0, i.0)))
+            .collect()
     }
 
     /// The arena buffers of this graph: one per value, live from the op that writes it to the

@@ -78,8 +78,10 @@ impl MemoryReport {
 /// depends on it, so this runs in every build, not only in debug).
 pub fn plan_graph(graph: Graph) -> Result<(PlannedGraph, usize, usize)> {
     let buffers = graph.buffers(ALIGN);
-    let plan = edge_arena::plan(&buffers).map_err(|e| EngineError::Plan(e.to_string()))?;
-    edge_arena::check(&buffers, &plan.offsets, plan.size)
+    let inplace = graph.inplace_pairs();
+    let plan = edge_arena::plan_with_inplace(&buffers, &inplace)
+        .map_err(|e| EngineError::Plan(e.to_string()))?;
+    edge_arena::check_with_inplace(&buffers, &plan.offsets, plan.size, &inplace)
         .map_err(|e| EngineError::Plan(e.to_string()))?;
     Ok((
         PlannedGraph {

@@ -5,10 +5,14 @@
 //! heads, and the threads meet at a barrier after each op.
 //!
 //! Memory safety rests on two facts, checked when the session is built:
-//! 1. the arena plan passed [`edge_arena::check`]: values live at the same time never overlap,
-//!    and an op's inputs and output are all live during the op;
+//! 1. the arena plan passed [`edge_arena::check_with_inplace`]: values live at the same time
+//!    never overlap, except that an elementwise op's output may sit exactly on an input that
+//!    dies at that op (`Graph::inplace_pairs`); an op's inputs and output are all live during
+//!    the op;
 //! 2. within an op, each thread creates mutable slices only of its own part of the output
-//!    (and of the KV cache rows of its own tokens), and nobody writes an op's inputs.
+//!    (and of the KV cache rows of its own tokens), and nobody writes an op's inputs — an op
+//!    whose output shares an input's offset never makes a shared slice of that input: it reads
+//!    the element through the output slice, before writing it.
 
 pub mod memory;
 
@@ -234,6 +238,21 @@ unsafe fn swiglu_row_fma(gate: &[f32], up: &[f32], out: &mut [f32]) {
     swiglu_row(gate, up, out)
 }
 
+/// [`swiglu_row`] with the gate in `x`, overwritten by the result.
+#[inline(always)]
+fn swiglu_row_inplace(x: &mut [f32], up: &[f32]) {
+    for (o, &u) in x.iter_mut().zip(up) {
+        *o = cpu::ggml_order::silu(*o) * u;
+    }
+}
+
+/// [`swiglu_row_inplace`] compiled with hardware FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn swiglu_row_inplace_fma(x: &mut [f32], up: &[f32]) {
+    swiglu_row_inplace(x, up)
+}
+
 /// The operands of an attention op.
 #[derive(Clone, Copy)]
 struct AttentionArgs {
@@ -438,6 +457,11 @@ impl OpCtx<'_> {
         self.pg.graph.values[v.0].cols
     }
 
+    /// Whether the plan put `out` exactly on `input` (an in-place op).
+    fn aliases(&self, out: ValueId, input: ValueId) -> bool {
+        out != input && self.pg.offsets[out.0] == self.pg.offsets[input.0]
+    }
+
     /// My share of `0..n` with the given granule.
     fn share(&self, n: usize, granule: usize) -> std::ops::Range<usize> {
         split_range(n, self.tid, self.n_threads, granule)
@@ -544,25 +568,55 @@ impl OpCtx<'_> {
             }
             Op::Add { a, b, out } => {
                 let cols = self.cols(out);
+                // In place: the output sits on `a` or on `b` (fact 1); read that one through
+                // the output slice. Addition commutes exactly, so the result is the same.
+                let other = if self.aliases(out, a) {
+                    Some(b)
+                } else if self.aliases(out, b) {
+                    Some(a)
+                } else {
+                    None
+                };
                 for t in self.share(self.rows_of(out), 1) {
-                    let (a, b) = (self.input(a, t..t + 1), self.input(b, t..t + 1));
-                    for ((o, x), y) in self.output(out, t, 0..cols).iter_mut().zip(a).zip(b) {
-                        *o = x + y;
+                    let o = self.output(out, t, 0..cols);
+                    match other {
+                        Some(y) => {
+                            for (o, y) in o.iter_mut().zip(self.input(y, t..t + 1)) {
+                                *o += y;
+                            }
+                        }
+                        None => {
+                            let (a, b) = (self.input(a, t..t + 1), self.input(b, t..t + 1));
+                            for ((o, x), y) in o.iter_mut().zip(a).zip(b) {
+                                *o = x + y;
+                            }
+                        }
                     }
                 }
             }
             Op::SwiGlu { gate, up, out } => {
                 let cols = self.cols(out);
+                let in_place = self.aliases(out, gate);
                 for t in self.share(self.rows_of(out), 1) {
-                    let (g, u) = (self.input(gate, t..t + 1), self.input(up, t..t + 1));
+                    let u = self.input(up, t..t + 1);
                     let o = self.output(out, t, 0..cols);
                     #[cfg(target_arch = "x86_64")]
                     if std::arch::is_x86_feature_detected!("fma") {
                         // SAFETY: the CPU supports FMA (checked), the only feature it enables.
-                        unsafe { swiglu_row_fma(g, u, o) };
+                        unsafe {
+                            if in_place {
+                                swiglu_row_inplace_fma(o, u)
+                            } else {
+                                swiglu_row_fma(self.input(gate, t..t + 1), u, o)
+                            }
+                        };
                         continue;
                     }
-                    swiglu_row(g, u, o);
+                    if in_place {
+                        swiglu_row_inplace(o, u);
+                    } else {
+                        swiglu_row(self.input(gate, t..t + 1), u, o);
+                    }
                 }
             }
             Op::TakeLast { x, out } => {
