@@ -34,7 +34,7 @@ for round in $(seq 1 "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   LD_LIBRARY_PATH=$PEER_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} /usr/bin/time -f "%M" -o "$OUT/llama-$round" \
     "$LLAMA" -m "$MODEL" -p "$PROMPT" -n "$N" -c "$CTX" -b "$UBATCH" -ub "$UBATCH" -t "$THREADS" \
-    --temp 0 -no-cnv --no-warmup > "$OUT/llama-$round.log" 2>&1 \
+    --temp 0 -no-cnv --no-warmup -v > "$OUT/llama-$round.log" 2>&1 \
     || { cat "$OUT/llama-$round.log" >&2; exit 1; }
   /usr/bin/time -f "%M" -o "$OUT/edge-$round" \
     "$EDGE_RUN" "$MODEL" -p "$PROMPT" -n "$N" --ctx "$CTX" --ubatch "$UBATCH" -t "$THREADS" \
@@ -42,7 +42,7 @@ for round in $(seq 1 "$ROUNDS"); do
     || { cat "$OUT/edge-$round.log" >&2; exit 1; }
 done
 "$EDGE_RUN" plan "$MODEL" --ctx "$CTX" --ubatch "$UBATCH" --json > "$OUT/plan.json"
-grep -m1 "compute buffer size" "$OUT/llama-1.log" | sed 's/^/llama.cpp: /' || true
+grep -m1 "compute buffer size" "$OUT/llama-1.log" | sed "s/.*CPU/llama.cpp: CPU/" || true
 
 python3 - "$OUT" "$ROUNDS" "$MODEL" "$THREADS" "$CTX" "$UBATCH" "$N" <<'PY'
 import json, sys
