@@ -446,27 +446,7 @@ impl CudaExecutor {
         block: u32,
         args: &[Arg],
     ) -> Result<(), String> {
-        let cfg = LaunchConfig {
-            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::U64(x) => b.arg(x),
-                Arg::I32(x) => b.arg(x),
-                Arg::F32(x) => b.arg(x),
-                Arg::I64(x) => b.arg(x),
-            };
-        }
-        // SAFETY: every call site passes exactly the kernel's parameters, in order and with its
-        // C types (see kernels.cu); pointers are into this executor's allocations at offsets the
-        // arena plan proved in bounds (values) or computed from the model's validated shapes
-        // (weights, KV rows < ctx), and grids never index past the sizes passed with them.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(drv("launch"))
+        launch(&self.stream, f, grid, block, args)
     }
 
     /// Enqueues every op of `pg` for `n` tokens, then the argmax of the logits.
@@ -767,6 +747,37 @@ impl CudaExecutor {
         self.stream.synchronize().map_err(drv("read"))?;
         Ok(out)
     }
+}
+
+/// Launches `f` on `stream` with `grid` blocks of `block` threads and the given arguments.
+fn launch(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    grid: (u32, u32),
+    block: u32,
+    args: &[Arg],
+) -> Result<(), String> {
+    let cfg = LaunchConfig {
+        grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(f);
+    for a in args {
+        match a {
+            Arg::U64(x) => b.arg(x),
+            Arg::I32(x) => b.arg(x),
+            Arg::F32(x) => b.arg(x),
+            Arg::I64(x) => b.arg(x),
+        };
+    }
+    // SAFETY: every call site passes exactly the kernel's parameters, in order and with its C
+    // types (see kernels.cu); pointers are into live allocations of the stream's context at
+    // offsets the arena plan proved in bounds (values) or computed from the model's validated
+    // shapes (weights, KV rows < ctx), and grids never index past the sizes passed with them.
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(drv("launch"))
 }
 
 /// Puts the weights where the device reads them and returns each weight's device address.
