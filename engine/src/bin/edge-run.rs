@@ -771,6 +771,10 @@ fn generate(a: GenerateArgs) -> CliResult {
     }
     .map_err(|e| match e {
         EngineError::Budget(_) => CliError::from(e.to_string()),
+        EngineError::Device(e) => CliError::from(format!(
+            "cannot set up the session on {}: {e} (use --device cpu)",
+            cfg.device.name()
+        )),
         e => CliError::from(format!(
             "cannot set up the session: {e} (try a smaller --ctx or --ubatch)"
         )),
@@ -1121,8 +1125,13 @@ fn bench(a: BenchArgs) -> CliResult {
         device: resolve_device(a.device)?,
         ..Default::default()
     };
-    let mut session = Session::new(Arc::clone(&model), &cfg)
-        .map_err(|e| format!("cannot set up the session: {e} (try smaller -p/-n)"))?;
+    let mut session = Session::new(Arc::clone(&model), &cfg).map_err(|e| match e {
+        EngineError::Device(e) => format!(
+            "cannot set up the session on {}: {e} (use --device cpu)",
+            cfg.device.name()
+        ),
+        e => format!("cannot set up the session: {e} (try smaller -p/-n)"),
+    })?;
     let threads = session.n_threads();
     let run_err = |e: EngineError| CliError::from(e.to_string());
 
