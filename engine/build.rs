@@ -101,7 +101,9 @@ fn find_nvcc() -> Option<PathBuf> {
     }
     let prefix = std::env::var_os("EDGE_RUN_CUDA_PREFIX")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/edge-run/cuda-13.0")));
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/edge-run/cuda-13.0"))
+        });
     if let Some(p) = prefix {
         candidates.push(p.join("nvidia/cu13/bin/nvcc"));
     }

@@ -282,7 +282,11 @@ mod tests {
 
     #[test]
     fn overrides_win_but_impossible_ones_are_refused() {
-        for p in [WeightPath::Upload, WeightPath::Managed, WeightPath::Register] {
+        for p in [
+            WeightPath::Upload,
+            WeightPath::Managed,
+            WeightPath::Register,
+        ] {
             assert_eq!(choose_weight_path(ORIN, true, Some(p)).unwrap().0, p);
         }
         assert_eq!(
@@ -298,7 +302,11 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for p in [WeightPath::Upload, WeightPath::Managed, WeightPath::Register] {
+        for p in [
+            WeightPath::Upload,
+            WeightPath::Managed,
+            WeightPath::Register,
+        ] {
             assert_eq!(WeightPath::from_name(p.name()), Some(p));
         }
         assert_eq!(WeightPath::from_name("copy"), None);

@@ -298,7 +298,10 @@ pub struct Session {
 
 /// What runs the planned graphs: the CPU executor with its KV cache, or a CUDA device.
 enum Backend {
-    Cpu { exec: Executor, kv: KvCache },
+    Cpu {
+        exec: Executor,
+        kv: KvCache,
+    },
     #[cfg(feature = "cuda")]
     Cuda(Box<crate::cuda::CudaExecutor>),
 }
@@ -335,14 +338,13 @@ impl Session {
         let report = plan.report;
         let (backend, what) = match plan.device {
             Device::Cpu => {
-                let kv = KvCache::new(p.n_layer, plan.ctx, p.kv_dim(), plan.kv_type).map_err(
-                    |e| {
+                let kv =
+                    KvCache::new(p.n_layer, plan.ctx, p.kv_dim(), plan.kv_type).map_err(|e| {
                         EngineError::InvalidArgument(format!(
                             "--ctx {}: {e}; use a smaller context (the model was trained for {})",
                             plan.ctx, p.n_ctx_train
                         ))
-                    },
-                )?;
+                    })?;
                 let exec = Executor::new(
                     plan.report.arena_bytes as usize,
                     plan.threads,
@@ -355,7 +357,11 @@ impl Session {
                 })?;
                 debug_assert_eq!(exec.scratch_bytes() as u64, plan.report.scratch_bytes);
                 debug_assert_eq!(kv.bytes() as u64, plan.report.kv_bytes);
-                let what = format!("{} threads, kernels {}", plan.threads, exec.kernels().isa_name());
+                let what = format!(
+                    "{} threads, kernels {}",
+                    plan.threads,
+                    exec.kernels().isa_name()
+                );
                 (Backend::Cpu { exec, kv }, what)
             }
             #[cfg(feature = "cuda")]

@@ -1070,7 +1070,18 @@ fn device_cuda_without_the_feature_is_a_clear_error() {
     let cases: [&[&str]; 3] = [
         &[s(&m), "-p", "hi", "-n", "1", "--device", "cuda"],
         &["plan", s(&m), "--device", "cuda"],
-        &["bench", s(&m), "-p", "8", "-n", "2", "-r", "1", "--device", "cuda:1"],
+        &[
+            "bench",
+            s(&m),
+            "-p",
+            "8",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--device",
+            "cuda:1",
+        ],
     ];
     for args in cases {
         assert_error(
@@ -1097,7 +1108,15 @@ fn device_cuda_without_a_gpu_is_a_clear_error_and_the_default_falls_back() {
         &run(&[s(&m), "-p", "hi", "-n", "1", "--device", "cuda"]),
         &["cuda:0", "--device cpu"],
     );
-    let out = run(&[s(&m), "-p", "The capital of France is", "-n", "2", "--temp", "0"]);
+    let out = run(&[
+        s(&m),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "2",
+        "--temp",
+        "0",
+    ]);
     assert_eq!(out.code, Some(0), "{out:?}");
 }
 
@@ -1126,7 +1145,9 @@ fn plan_reports_cuda_device_allocations_without_a_gpu() {
     assert_eq!(v["device"], "cuda:0");
     assert_eq!(v["cuda"]["kv_bytes"], v["kv_bytes"]);
     assert_eq!(v["cuda"]["arena_bytes"], v["arena_bytes"]);
-    assert!(v["cuda"]["weights_upload_bytes"].as_u64().unwrap() >= v["weights_bytes"].as_u64().unwrap());
+    assert!(
+        v["cuda"]["weights_upload_bytes"].as_u64().unwrap() >= v["weights_bytes"].as_u64().unwrap()
+    );
     let out = run(&["plan", s(&m), "--device", "cuda", "--kv-type", "q8_0"]);
     assert_error(&out, &["q8_0", "--device cuda"]);
 }

@@ -116,12 +116,18 @@ fn cuda_teacher_forced_logits_close_to_llama_cpp() {
     eprintln!(
         "cuda teacher-forced: {top1_same}/{positions} top-1 identical, |logit error| max {max_err:.4} mean {mean:.4}"
     );
-    assert!(positions >= 60, "only {positions} positions in the reference");
+    assert!(
+        positions >= 60,
+        "only {positions} positions in the reference"
+    );
     assert!(
         top1_same + 2 >= positions,
         "top-1 identical at only {top1_same} of {positions} positions"
     );
-    assert!(max_err <= MAX_ERR, "max |logit error| {max_err} > {MAX_ERR}");
+    assert!(
+        max_err <= MAX_ERR,
+        "max |logit error| {max_err} > {MAX_ERR}"
+    );
     assert!(mean <= MEAN_ERR, "mean |logit error| {mean} > {MEAN_ERR}");
 }
 
@@ -184,9 +190,16 @@ fn cuda_greedy_continuations_follow_llama_cpp_until_near_ties() {
             ),
         }
     }
-    eprintln!("cuda greedy: {identical}/{} continuations identical", cases.len());
+    eprintln!(
+        "cuda greedy: {identical}/{} continuations identical",
+        cases.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(identical >= 5, "only {identical} of {} continuations identical", cases.len());
+    assert!(
+        identical >= 5,
+        "only {identical} of {} continuations identical",
+        cases.len()
+    );
 }
 
 fn cpu_prefill<'a>(cpu: &'a mut Session, prompt: &[u32]) -> &'a [f32] {

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
+use edge_engine::device::Device;
 use edge_engine::error::EngineError;
 use edge_engine::gguf::{Gguf, GgufError};
 use edge_engine::model::Model;
 use edge_engine::sampling::{Sampler, SamplerConfig};
-use edge_engine::device::Device;
 use edge_engine::session::{Session, SessionConfig, SessionPlan};
 use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 use edge_tokenizers::{StreamDecoder, Tokenizer};
@@ -805,8 +805,7 @@ fn generate(a: GenerateArgs) -> CliResult {
     let t_prompt = Instant::now();
     // Greedy without penalties on a GPU: the argmax is taken on the device and only the token
     // id comes back (the same token the sampler would pick: the first maximum).
-    let device_greedy =
-        session.device().is_cuda() && a.temp <= 0.0 && a.repeat_penalty == 1.0;
+    let device_greedy = session.device().is_cuda() && a.temp <= 0.0 && a.repeat_penalty == 1.0;
     let mut next_token = |session: &mut Session, tokens: &[u32]| -> CliResult<u32> {
         if device_greedy {
             session.advance(tokens).map_err(|e| e.to_string())?;
@@ -1034,14 +1033,22 @@ fn plan(a: PlanArgs) -> CliResult {
             "device allocations on {} (one each, sized by the plan):",
             plan.device.name()
         ));
-        lines.push(row("arena", c.arena_bytes, "one allocation; values at the plan's offsets".into()));
+        lines.push(row(
+            "arena",
+            c.arena_bytes,
+            "one allocation; values at the plan's offsets".into(),
+        ));
         lines.push(row("KV cache", c.kv_bytes, "one allocation, f16".into()));
         lines.push(row(
             "weights",
             c.weights_upload_bytes,
             "one upload on a discrete GPU; integrated GPUs register the file mapping (0 B extra) or fill one managed buffer".into(),
         ));
-        lines.push(row("scratch", c.scratch_bytes, "attention partials + parameters".into()));
+        lines.push(row(
+            "scratch",
+            c.scratch_bytes,
+            "attention partials + parameters".into(),
+        ));
         lines.push(row(
             "total on the device",
             c.device_total_bytes(),

@@ -478,7 +478,12 @@ impl CudaExecutor {
                         ],
                     )?;
                 }
-                Op::RmsNorm { x, weight, eps, out } => self.launch(
+                Op::RmsNorm {
+                    x,
+                    weight,
+                    eps,
+                    out,
+                } => self.launch(
                     &self.k.rms_norm,
                     (rows(out) as u32, 1),
                     256,
@@ -508,14 +513,14 @@ impl CudaExecutor {
                                     I32(self.q8_flavour),
                                 ],
                             )?,
-                        ValueType::Quantized(t @ (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)) => {
-                            self.launch(
-                                &self.k.quantize_float,
-                                (blocks(r * c, 256), 1),
-                                256,
-                                &[ptr(x), ptr(out), I64((r * c) as i64), I32(t.id() as i32)],
-                            )?
-                        }
+                        ValueType::Quantized(
+                            t @ (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16),
+                        ) => self.launch(
+                            &self.k.quantize_float,
+                            (blocks(r * c, 256), 1),
+                            256,
+                            &[ptr(x), ptr(out), I64((r * c) as i64), I32(t.id() as i32)],
+                        )?,
                         ValueType::F32 => self.launch(
                             &self.k.quantize_float,
                             (blocks(r * c, 256), 1),
@@ -775,9 +780,7 @@ fn launch(
     // types (see kernels.cu); pointers are into live allocations of the stream's context at
     // offsets the arena plan proved in bounds (values) or computed from the model's validated
     // shapes (weights, KV rows < ctx), and grids never index past the sizes passed with them.
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(drv("launch"))
+    unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv("launch"))
 }
 
 /// Puts the weights where the device reads them and returns each weight's device address.

@@ -157,10 +157,7 @@ mod tests {
         assert_eq!(candidates(87, &avail, None)[0], Image::Cubin(87));
         // sm_88 (hypothetical) runs the sm_87 cubin; sm_80 has none of its major below it.
         assert_eq!(candidates(88, &avail, None)[0], Image::Cubin(87));
-        assert_eq!(
-            candidates(80, &avail, None),
-            vec![Image::Ptx, Image::Nvrtc]
-        );
+        assert_eq!(candidates(80, &avail, None), vec![Image::Ptx, Image::Nvrtc]);
         // Blackwell: no cubin of its major, PTX.
         assert_eq!(candidates(100, &avail, None)[0], Image::Ptx);
         // Turing: below the PTX target: NVRTC only.

@@ -30,7 +30,10 @@ fn gpu(test: &str) -> Option<Gpu> {
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream().expect("stream");
     let (m, what) = module::load(&ctx).expect("kernels load");
-    eprintln!("{test}: running on {} with {what}", ctx.name().unwrap_or_default());
+    eprintln!(
+        "{test}: running on {} with {what}",
+        ctx.name().unwrap_or_default()
+    );
     Some(Gpu {
         k: Kernels::load(&m).expect("kernels"),
         ctx,
@@ -99,8 +102,12 @@ fn quantized(ty: GgmlType, x: &[f32], rows: usize) -> Vec<u8> {
     let rb = ty.row_bytes(cols as u64).unwrap() as usize;
     let mut out = vec![0u8; rows * rb];
     for r in 0..rows {
-        cpu::quantize_row(ty, &x[r * cols..(r + 1) * cols], &mut out[r * rb..(r + 1) * rb])
-            .unwrap();
+        cpu::quantize_row(
+            ty,
+            &x[r * cols..(r + 1) * cols],
+            &mut out[r * rb..(r + 1) * rb],
+        )
+        .unwrap();
     }
     out
 }
@@ -142,8 +149,12 @@ fn quantize_matches_cpu_bit_for_bit() {
             let got: Vec<u8> = g.get(&out, rows * rb);
             let mut want = vec![0u8; rows * rb];
             for t in 0..rows {
-                k.quantize_row(ty, &x[t * cols..(t + 1) * cols], &mut want[t * rb..(t + 1) * rb])
-                    .unwrap();
+                k.quantize_row(
+                    ty,
+                    &x[t * cols..(t + 1) * cols],
+                    &mut want[t * rb..(t + 1) * rb],
+                )
+                .unwrap();
             }
             assert_eq!(got, want, "{ty} flavour {rounding:?}");
         }
@@ -157,7 +168,12 @@ fn quantize_matches_cpu_bit_for_bit() {
             &g.k.quantize_float,
             (n.div_ceil(256) as u32, 1),
             256,
-            &[p(&dx), p(&out), Arg::I64(n as i64), Arg::I32(ty.id() as i32)],
+            &[
+                p(&dx),
+                p(&out),
+                Arg::I64(n as i64),
+                Arg::I32(ty.id() as i32),
+            ],
         );
         let got: Vec<u8> = g.get(&out, rb);
         assert_eq!(got, quantized(ty, &x, 1), "{ty}");
@@ -176,7 +192,13 @@ fn rms_norm_matches_cpu_bit_for_bit() {
             &g.k.rms_norm,
             (rows as u32, 1),
             256,
-            &[p(&dx), p(&dw), p(&out), Arg::I32(cols as i32), Arg::F32(1e-5)],
+            &[
+                p(&dx),
+                p(&dw),
+                p(&out),
+                Arg::I32(cols as i32),
+                Arg::F32(1e-5),
+            ],
         );
         let got: Vec<f32> = g.get(&out, rows * cols);
         let mut want = vec![0.0f32; rows * cols];
@@ -232,7 +254,11 @@ fn embed_matches_cpu_dequantization() {
                 let i = id as usize;
                 cpu::dequantize_row(ty, &q[i * rb..(i + 1) * rb], &mut want).unwrap();
             }
-            assert_eq!(&got[t * row_len..(t + 1) * row_len], &want[..], "{ty} token {t}");
+            assert_eq!(
+                &got[t * row_len..(t + 1) * row_len],
+                &want[..],
+                "{ty} token {t}"
+            );
         }
     }
 }
@@ -365,10 +391,19 @@ fn rope_matches_cpu_in_both_orderings() {
             let got: Vec<f32> = g.get(&out, n_tok * cols);
             for t in 0..n_tok {
                 let mut want = vec![0.0f32; cols];
-                crate::exec::rope_row(&x[t * cols..(t + 1) * cols], &mut want, pos0 + t, head_dim, rope);
+                crate::exec::rope_row(
+                    &x[t * cols..(t + 1) * cols],
+                    &mut want,
+                    pos0 + t,
+                    head_dim,
+                    rope,
+                );
                 for (i, (a, b)) in got[t * cols..(t + 1) * cols].iter().zip(&want).enumerate() {
                     // sin/cos of angles up to ~500 rad: both within an ulp or two of exact.
-                    assert!((a - b).abs() <= 1e-5, "{ordering:?} n_rot {n_rot} t {t} i {i}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-5,
+                        "{ordering:?} n_rot {n_rot} t {t} i {i}: {a} vs {b}"
+                    );
                 }
             }
         }
@@ -400,15 +435,26 @@ fn attention_ref(
                 .map(|&v| f64::from(f16::from_f32(v).to_f32()))
                 .collect();
             let n_pos = pos0 + t + 1;
-            let row = |v: usize, p: usize| &cache[((2 * layer + v) * ctx + p) * kv_dim + kvh * head_dim..][..head_dim];
+            let row = |v: usize, p: usize| {
+                &cache[((2 * layer + v) * ctx + p) * kv_dim + kvh * head_dim..][..head_dim]
+            };
             let s: Vec<f64> = (0..n_pos)
-                .map(|p| row(0, p).iter().zip(&qh).map(|(k, q)| f64::from(k.to_f32()) * q).sum::<f64>() * f64::from(scale))
+                .map(|p| {
+                    row(0, p)
+                        .iter()
+                        .zip(&qh)
+                        .map(|(k, q)| f64::from(k.to_f32()) * q)
+                        .sum::<f64>()
+                        * f64::from(scale)
+                })
                 .collect();
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let z: f64 = e.iter().sum();
             for d in 0..head_dim {
-                let v: f64 = (0..n_pos).map(|p| e[p] * f64::from(row(1, p)[d].to_f32())).sum();
+                let v: f64 = (0..n_pos)
+                    .map(|p| e[p] * f64::from(row(1, p)[d].to_f32()))
+                    .sum();
                 out[(t * n_head + h) * head_dim + d] = (v / z) as f32;
             }
         }
@@ -453,13 +499,18 @@ fn store_kv_and_attention_decode_and_prefill_match_reference() {
             let mut want_cache = cache.clone();
             for t in 0..n_tok {
                 for i in 0..kv_dim {
-                    want_cache[((2 * layer) * ctx + pos0 + t) * kv_dim + i] = f16::from_f32(k[t * kv_dim + i]);
-                    want_cache[((2 * layer + 1) * ctx + pos0 + t) * kv_dim + i] = f16::from_f32(v[t * kv_dim + i]);
+                    want_cache[((2 * layer) * ctx + pos0 + t) * kv_dim + i] =
+                        f16::from_f32(k[t * kv_dim + i]);
+                    want_cache[((2 * layer + 1) * ctx + pos0 + t) * kv_dim + i] =
+                        f16::from_f32(v[t * kv_dim + i]);
                 }
             }
             let got_cache: Vec<u16> = g.get(&dcache, cache.len());
             assert!(
-                got_cache.iter().zip(&want_cache).all(|(a, b)| *a == b.to_bits()),
+                got_cache
+                    .iter()
+                    .zip(&want_cache)
+                    .all(|(a, b)| *a == b.to_bits()),
                 "store_kv rows differ"
             );
             let q = r.vec(n_tok * n_head * head_dim, 1.0);
@@ -490,11 +541,26 @@ fn store_kv_and_attention_decode_and_prefill_match_reference() {
                 &g.k.attn_combine,
                 ((n_tok * n_head) as u32, 1),
                 128,
-                &[p(&partial), p(&out), Arg::I32(head_dim as i32), Arg::I32(splits as i32)],
+                &[
+                    p(&partial),
+                    p(&out),
+                    Arg::I32(head_dim as i32),
+                    Arg::I32(splits as i32),
+                ],
             );
             let got: Vec<f32> = g.get(&out, q.len());
             let want = attention_ref(
-                &q, &want_cache, layer, ctx, kv_dim, n_head, n_head_kv, head_dim, pos0, n_tok, scale,
+                &q,
+                &want_cache,
+                layer,
+                ctx,
+                kv_dim,
+                n_head,
+                n_head_kv,
+                head_dim,
+                pos0,
+                n_tok,
+                scale,
             );
             let worst = got
                 .iter()
@@ -519,15 +585,31 @@ fn add_swiglu_copy_row_match_cpu() {
     let (a, b) = (r.vec(n, 8.0), r.vec(n, 2.0));
     let (da, db, out) = (g.buf(&a), g.buf(&b), g.zeros(n * 4));
     let grid = (n.div_ceil(256) as u32, 1);
-    g.run(&g.k.add, grid, 256, &[p(&da), p(&db), p(&out), Arg::I64(n as i64)]);
+    g.run(
+        &g.k.add,
+        grid,
+        256,
+        &[p(&da), p(&db), p(&out), Arg::I64(n as i64)],
+    );
     let got: Vec<f32> = g.get(&out, n);
-    assert!(got.iter().zip(a.iter().zip(&b)).all(|(o, (x, y))| *o == x + y));
-    g.run(&g.k.swiglu, grid, 256, &[p(&da), p(&db), p(&out), Arg::I64(n as i64)]);
+    assert!(got
+        .iter()
+        .zip(a.iter().zip(&b))
+        .all(|(o, (x, y))| *o == x + y));
+    g.run(
+        &g.k.swiglu,
+        grid,
+        256,
+        &[p(&da), p(&db), p(&out), Arg::I64(n as i64)],
+    );
     let got: Vec<f32> = g.get(&out, n);
     let mut want = vec![0.0f32; n];
     crate::exec::swiglu_row(&a, &b, &mut want);
     for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-        assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()) * 4.0, "swiglu {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= 1e-6 * (1.0 + y.abs()) * 4.0,
+            "swiglu {i}: {x} vs {y}"
+        );
     }
     let out_row = g.zeros(1537 * 4);
     g.run(
@@ -561,8 +643,17 @@ fn argmax_matches_cpu_including_ties() {
     for (i, c) in cases.iter().enumerate() {
         let dx = g.buf(c);
         let params = g.params(0, &[0]);
-        g.run(&g.k.argmax, (1, 1), 1024, &[p(&dx), Arg::I32(c.len() as i32), p(&params)]);
+        g.run(
+            &g.k.argmax,
+            (1, 1),
+            1024,
+            &[p(&dx), Arg::I32(c.len() as i32), p(&params)],
+        );
         let got: Vec<i32> = g.get(&params, 4);
-        assert_eq!(got[PARAM_ARGMAX] as u32, crate::sampling::argmax(c), "case {i}");
+        assert_eq!(
+            got[PARAM_ARGMAX] as u32,
+            crate::sampling::argmax(c),
+            "case {i}"
+        );
     }
 }
