@@ -57,7 +57,6 @@ HALF=$(( (SIZE + 1) / 2 ))
 head -c "$HALF" "$MODEL" > .gpu/model.part1
 tail -c +"$((HALF + 1))" "$MODEL" > .gpu/model.part2
 sha256sum "$MODEL" | cut -d' ' -f1 > .gpu/model.sha256
-cp scripts/gpu-run.sh .gpu/
 du -sh .gpu/bin .gpu/shared .gpu/model.part1 .gpu/model.part2
 echo "call 1 carries: .gpu/model.part1  (command: bash scripts/gpu-run.sh stash)"
 echo "call 2 carries: .gpu/bin .gpu/shared .gpu/model.part2 .gpu/model.sha256  (command: bash scripts/gpu-run.sh)"
