@@ -59,7 +59,11 @@ pub fn default_device() -> Device {
         match crate::cuda::device_count() {
             Ok(n) if n > 0 => return Device::Cuda(0),
             Ok(_) => log::info!("no CUDA device found; running on the CPU"),
-            Err(e) => log::info!("CUDA unavailable ({e}); running on the CPU"),
+            // No driver at all is the normal case of a CPU machine; a driver that fails is not.
+            Err(e) if e.contains("no CUDA driver library") => {
+                log::info!("CUDA unavailable ({e}); running on the CPU")
+            }
+            Err(e) => log::warn!("CUDA unavailable ({e}); running on the CPU"),
         }
     }
     Device::Cpu

@@ -8,8 +8,10 @@
 //! (online softmax, probabilities not rounded to f16). Activations are requantized to q8 before
 //! every matmul, so last-bit differences are amplified over 30 layers: on the CPU, engines that
 //! differ from llama.cpp only in summation order were measured at up to 1.3 in the logits
-//! (README, "Correctness"), and the q8_0 KV cache (a larger change) at max 0.98, mean 0.25, with
-//! top-1 identical at 58 of 60 positions.
+//! (README, "Correctness"); this engine's own scalar kernels (same math as the AVX2 ones, another
+//! order in the dot products) give max 0.84, top-1 identical at 59 of 60 positions, and 5 of 8
+//! greedy continuations identical, each divergence at a step whose top-2 margin was below 0.07;
+//! the q8_0 KV cache (a larger change) gives max 0.98, mean 0.25, top-1 at 58 of 60.
 
 #![cfg(feature = "cuda")]
 
@@ -134,14 +136,16 @@ fn cuda_teacher_forced_logits_close_to_llama_cpp() {
 /// Greedy 32-token continuations of the 8 reference prompts, decoded step by step (the decode
 /// step replayed as a CUDA graph, argmax on the device).
 ///
-/// Rule: (1) every continuation equals llama.cpp's up to the first step where the reference's
-/// own choice is a near-tie — its top-2 logits within 0.5, measured on the CPU backend, which is
-/// bit-exact with llama.cpp (a GPU error below the measured ~1 can only flip such steps); a
-/// difference before that fails. (2) At least 5 of 8 continuations are identical in full (what
-/// the q8_0 KV cache achieves on the CPU).
+/// Rule: (1) where a continuation first differs from llama.cpp's, the context up to that step is
+/// identical, so the GPU saw the same input as the reference; it may only choose differently
+/// where the reference's own choice was close: its top-2 logits within 1.5 (measured on the CPU
+/// backend, bit-exact with llama.cpp; per-logit errors of up to 0.75 each way can flip such a
+/// step and no other). A first difference at a step with a wider margin fails. (2) At least 5 of
+/// 8 continuations are identical in full (what a summation-order-only change achieves on the
+/// CPU, see the file's header).
 #[test]
-fn cuda_greedy_continuations_follow_llama_cpp_until_near_ties() {
-    const NEAR_TIE: f32 = 0.5;
+fn cuda_greedy_continuations_differ_from_llama_cpp_only_at_near_ties() {
+    const NEAR_TIE: f32 = 1.5;
     let Some(mut gpu) = cuda_session("cuda_greedy", 2048, None) else {
         return;
     };
@@ -158,10 +162,6 @@ fn cuda_greedy_continuations_follow_llama_cpp_until_near_ties() {
         for &t in &want[..want.len() - 1] {
             margins.push(top2_margin(cpu.step(t).unwrap()));
         }
-        let first_tie = margins
-            .iter()
-            .position(|&m| m < NEAR_TIE)
-            .unwrap_or(want.len());
         // GPU greedy decoding.
         gpu.reset();
         gpu.advance(&prompt).unwrap();
@@ -179,14 +179,14 @@ fn cuda_greedy_continuations_follow_llama_cpp_until_near_ties() {
         match first_diff {
             None if got.len() == want.len() => identical += 1,
             None => failures.push(format!("{:?}: stopped early", case["prompt"])),
-            Some(d) if d < first_tie => failures.push(format!(
-                "{:?}: differs at token {d}, before the first near-tie (token {first_tie}, margins {:?})\n  want {want:?}\n  got  {got:?}",
+            Some(d) if margins[d] >= NEAR_TIE => failures.push(format!(
+                "{:?}: differs at token {d}, where the reference's top-2 margin is {:.3} (not a near-tie)\n  want {want:?}\n  got  {got:?}",
                 case["prompt"],
-                &margins[..=d]
+                margins[d]
             )),
             Some(d) => eprintln!(
-                "{:?}: differs at token {d}, at/after a near-tie at token {first_tie} (margin {:.3})",
-                case["prompt"], margins[first_tie.min(margins.len() - 1)]
+                "{:?}: differs at token {d}, a near-tie of the reference (margin {:.3})",
+                case["prompt"], margins[d]
             ),
         }
     }
