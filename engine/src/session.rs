@@ -439,7 +439,7 @@ impl Session {
         match &self.backend {
             Backend::Cpu { .. } => Device::Cpu,
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Device::Cuda(0),
+            Backend::Cuda(c) => Device::Cuda(c.ordinal()),
         }
     }
 

@@ -224,6 +224,7 @@ pub struct CudaExecutor {
     kv_dim: usize,
     decode_splits: usize,
     weight_path: WeightPath,
+    ordinal: usize,
     description: String,
 }
 
@@ -339,12 +340,18 @@ impl CudaExecutor {
             kv_dim: p.kv_dim(),
             decode_splits: device::decode_attn_splits(ctx_len),
             weight_path: path,
+            ordinal,
         })
     }
 
     /// Device, kernel image and weight path, for logs.
     pub fn description(&self) -> &str {
         &self.description
+    }
+
+    /// The CUDA device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
     /// How the weights reached the device.
