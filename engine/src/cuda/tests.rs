@@ -657,3 +657,175 @@ fn argmax_matches_cpu_including_ties() {
         );
     }
 }
+
+/// A tiny Llama (2 layers, 128 wide, 4 heads of 32, 2 KV heads, separate output head) whose
+/// matrices are `ty`, with a byte-level GPT-2 vocabulary of 258 tokens.
+fn tiny_model(ty: GgmlType) -> crate::model::Model {
+    use crate::gguf::{Gguf, GgufWriter, MetaValue};
+    let (d, ff, n_vocab, kv) = (128u64, 256u64, 258u64, 64u64);
+    let mut tokens: Vec<String> = Vec::new();
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+        tokens.push(if printable {
+            char::from_u32(b).unwrap().to_string()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap().to_string()
+        });
+    }
+    tokens.push("he".into());
+    tokens.push("<|endoftext|>".into());
+    let mut types = vec![1i32; 257];
+    types.push(3);
+    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut w = GgufWriter::new();
+    w.add_str("general.architecture", "llama");
+    for (k, v) in [
+        ("block_count", 2),
+        ("context_length", 64),
+        ("embedding_length", d as u32),
+        ("feed_forward_length", ff as u32),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+    ] {
+        w.add_u32(&format!("llama.{k}"), v);
+    }
+    w.add_str("tokenizer.ggml.model", "gpt2")
+        .add_str("tokenizer.ggml.pre", "gpt-2")
+        .add_str_array("tokenizer.ggml.tokens", &refs)
+        .add_i32_array("tokenizer.ggml.token_type", &types)
+        .add(
+            "tokenizer.ggml.merges",
+            MetaValue::Array(vec![MetaValue::String("h e".into())]),
+        )
+        .add_u32("tokenizer.ggml.eos_token_id", 257);
+    let mut r = Rng(42);
+    let mut matrix = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64| {
+        let x = r.vec((cols * rows) as usize, 0.3);
+        w.add_tensor(name, &[cols, rows], ty, quantized(ty, &x, rows as usize));
+    };
+    let ones = |n: u64| {
+        (0..n)
+            .flat_map(|_| 1.0f32.to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    matrix(&mut w, "token_embd.weight", d, n_vocab);
+    for l in 0..2 {
+        w.add_tensor(
+            &format!("blk.{l}.attn_norm.weight"),
+            &[d],
+            GgmlType::F32,
+            ones(d),
+        );
+        matrix(&mut w, &format!("blk.{l}.attn_q.weight"), d, d);
+        matrix(&mut w, &format!("blk.{l}.attn_k.weight"), d, kv);
+        matrix(&mut w, &format!("blk.{l}.attn_v.weight"), d, kv);
+        matrix(&mut w, &format!("blk.{l}.attn_output.weight"), d, d);
+        w.add_tensor(
+            &format!("blk.{l}.ffn_norm.weight"),
+            &[d],
+            GgmlType::F32,
+            ones(d),
+        );
+        matrix(&mut w, &format!("blk.{l}.ffn_gate.weight"), d, ff);
+        matrix(&mut w, &format!("blk.{l}.ffn_up.weight"), d, ff);
+        matrix(&mut w, &format!("blk.{l}.ffn_down.weight"), ff, d);
+    }
+    w.add_tensor("output_norm.weight", &[d], GgmlType::F32, ones(d));
+    matrix(&mut w, "output.weight", d, n_vocab);
+    let g = Gguf::from_bytes(w.to_bytes()).expect("tiny gguf");
+    crate::model::Model::from_gguf(g).expect("tiny model")
+}
+
+/// Whole sessions, CPU against CUDA, on tiny models of every supported weight type: prefill
+/// (one chunk and chunks of 4), then decode steps (the replayed CUDA graph). Float weights keep
+/// activations in f32/f16 on both sides, so only summation order differs (tolerance 1e-3 of the
+/// logit range); quantized weights requantize activations to q8, where a value on a rounding
+/// boundary moves by one quant step (tolerance 3% of the range).
+#[test]
+fn whole_sessions_match_the_cpu_on_tiny_models() {
+    if gpu("tiny_sessions").is_none() {
+        return;
+    }
+    use crate::session::{Session, SessionConfig};
+    let prompt: Vec<u32> = vec![72, 101, 108, 108, 111, 32, 119, 111, 114];
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
+        let model = Arc::new(tiny_model(ty));
+        for ubatch in [None, Some(4)] {
+            let cfg = |device| SessionConfig {
+                ctx: Some(32),
+                ubatch,
+                threads: Some(1),
+                device,
+                ..Default::default()
+            };
+            let mut cpu_s = Session::new(model.clone(), &cfg(crate::device::Device::Cpu)).unwrap();
+            let mut gpu_s =
+                Session::new(model.clone(), &cfg(crate::device::Device::Cuda(0))).unwrap();
+            let rel = if matches!(ty, GgmlType::F32 | GgmlType::F16) {
+                1e-3
+            } else {
+                3e-2
+            };
+            let compare = |c: &[f32], g: &[f32], what: &str| {
+                let range = c.iter().fold(0f32, |m, x| m.max(x.abs())) + 1.0;
+                let worst = c
+                    .iter()
+                    .zip(g)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst <= rel * range,
+                    "{ty} ubatch {ubatch:?} {what}: max |cpu - gpu| {worst} (range {range})"
+                );
+            };
+            let c = cpu_s.prefill(&prompt).unwrap().to_vec();
+            let g = gpu_s.prefill(&prompt).unwrap().to_vec();
+            compare(&c, &g, "prefill");
+            assert_eq!(gpu_s.argmax().unwrap(), crate::sampling::argmax(&g));
+            // Decode the CPU's greedy tokens on both, so that the contexts stay identical.
+            let mut next = crate::sampling::argmax(&c);
+            for step in 0..6 {
+                let c = cpu_s.step(next).unwrap().to_vec();
+                let g = gpu_s.step(next).unwrap().to_vec();
+                compare(&c, &g, &format!("step {step}"));
+                next = crate::sampling::argmax(&c);
+            }
+        }
+    }
+}
+
+/// The fixture of `whole_sessions_match_the_cpu_on_tiny_models` is a valid model on the CPU
+/// (runs without a GPU, so a GPU run never fails for the fixture's sake).
+#[test]
+fn tiny_models_run_on_the_cpu() {
+    use crate::session::{Session, SessionConfig};
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
+        let model = Arc::new(tiny_model(ty));
+        let cfg = SessionConfig {
+            ctx: Some(32),
+            threads: Some(1),
+            ..Default::default()
+        };
+        let mut s = Session::new(model, &cfg).unwrap();
+        let logits = s.prefill(&[72, 101, 108]).unwrap();
+        assert_eq!(logits.len(), 258);
+        assert!(logits.iter().all(|x| x.is_finite()), "{ty}");
+        let spread = logits.iter().fold(f32::MIN, |m, &x| m.max(x))
+            - logits.iter().fold(f32::MAX, |m, &x| m.min(x));
+        assert!(spread > 0.1, "{ty}: flat logits {spread}");
+    }
+}
