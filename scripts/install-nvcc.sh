@@ -10,7 +10,7 @@
 # runtime headers, and NVVM (cicc, the device front end) — all pinned to the same 13.0 release so
 # that PTX and cubins are accepted by a 13.0 driver.
 set -euo pipefail
-PREFIX="${EDGE_RUN_CUDA_PREFIX:-$HOME/.cache/edge-run/cuda-13.0}"
+PREFIX="${EDGE_RUN_CUDA_PREFIX:-${HOME:-/tmp}/.cache/edge-run/cuda-13.0}"
 NVCC="$PREFIX/nvidia/cu13/bin/nvcc"
 if [ -x "$NVCC" ] && "$NVCC" --version 2>/dev/null | grep -q "release 13.0"; then
     echo "$NVCC"
