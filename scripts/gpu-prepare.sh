@@ -5,8 +5,8 @@
 #   .gpu/bin/         edge-run, the engine's unit tests (kernel tests: filter cuda::),
 #                     the cuda_reference end-to-end tests, synth_model (random 1.1B Q4_0 writer)
 #   .gpu/shared/      the reference files the tests read (layout of ../shared)
-#   .gpu/model.part1  first half of SmolLM2-135M-Instruct.Q4_1.gguf
-#   .gpu/model.part2  second half
+#   .gpu/model.part1  the first 56 MiB of SmolLM2-135M-Instruct.Q4_1.gguf
+#   .gpu/model.part2  the rest
 #
 # Then scripts/gpu-run.sh runs there. Each transfer carries at most 64 MiB, so the model goes in
 # two calls: call 1 carries .gpu/model.part1 (stashed there by `gpu-run.sh stash`), call 2 the
@@ -52,11 +52,13 @@ strip .gpu/bin/*
 SHARED="${EDGE_RUN_SHARED:-../shared}"
 cp "$SHARED"/reference/smollm2/greedy.jsonl "$SHARED"/reference/smollm2/logits-top10.jsonl .gpu/shared/reference/smollm2/
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-SIZE=$(stat -c %s "$MODEL")
-HALF=$(( (SIZE + 1) / 2 ))
-head -c "$HALF" "$MODEL" > .gpu/model.part1
-tail -c +"$((HALF + 1))" "$MODEL" > .gpu/model.part2
+# Part 1 is the larger (56 MiB, alone in call 1), so that call 2 (binaries + part 2) stays
+# well under 64 MiB.
+FIRST=$((56 * 1048576))
+head -c "$FIRST" "$MODEL" > .gpu/model.part1
+tail -c +"$((FIRST + 1))" "$MODEL" > .gpu/model.part2
 sha256sum "$MODEL" | cut -d' ' -f1 > .gpu/model.sha256
 du -sh .gpu/bin .gpu/shared .gpu/model.part1 .gpu/model.part2
+echo "call 1: $(du -cb .gpu/model.part1 | tail -1 | cut -f1) bytes; call 2: $(du -cb .gpu/bin .gpu/shared .gpu/model.part2 .gpu/model.sha256 | tail -1 | cut -f1) bytes (limit 67108864)"
 echo "call 1 carries: .gpu/model.part1  (command: bash scripts/gpu-run.sh stash)"
 echo "call 2 carries: .gpu/bin .gpu/shared .gpu/model.part2 .gpu/model.sha256  (command: bash scripts/gpu-run.sh)"
