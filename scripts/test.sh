@@ -1,7 +1,22 @@
 #!/usr/bin/env bash
 # The test command of the README (and of CI): fetches the real model if needed, then runs every
 # test of the workspace in release mode (the end-to-end tests run SmolLM2 token by token).
+#
+# Then the CUDA backend, on every run, GPU or not: installs nvcc (CUDA 13.0, from PyPI) if
+# needed, builds `--features cuda` (kernels compiled for sm_86/87/89/90 + PTX), and builds and
+# runs its tests (they print "skipped: no CUDA device" where there is none). EDGE_RUN_SKIP_CUDA=1
+# leaves this part out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh >/dev/null
 cargo test --release --workspace "$@"
+if [ "${EDGE_RUN_SKIP_CUDA:-0}" != "1" ]; then
+    NVCC="$(./scripts/install-nvcc.sh)"
+    export NVCC
+    cargo build --release --features cuda
+    # The CUDA-specific tests: kernels and weight-path choice (lib), the CLI's device handling,
+    # and the end-to-end reference comparison on --device cuda.
+    cargo test --release -p edge-engine --features cuda --lib -- cuda:: device::
+    cargo test --release -p edge-engine --features cuda --test cli -- device plan_reports
+    cargo test --release -p edge-tests --features cuda --test cuda_reference
+fi

@@ -77,6 +77,10 @@ pub enum EngineError {
     /// A kernel reported an error (a bug, reported instead of panicking).
     #[error("kernel: {0}")]
     Kernel(String),
+    /// The compute device failed or is unavailable (CUDA: no driver or device, an allocation
+    /// that does not fit, a kernel error), or this build lacks its backend.
+    #[error("{0}")]
+    Device(String),
     /// An I/O error with the file it concerns.
     #[error("{path}: {source}")]
     Io {

@@ -3,6 +3,9 @@
 
 pub mod arch;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod exec;
 pub mod gguf;

@@ -56,7 +56,7 @@ pub struct Weight {
     /// Number of rows (product of the other dims).
     pub n_rows: usize,
     /// Index into [`Gguf::tensors`].
-    tensor_index: usize,
+    pub(crate) tensor_index: usize,
 }
 
 /// The weights of one Llama-family block.

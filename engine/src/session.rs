@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::arch;
 use crate::cpu::Kernels;
+use crate::device::{CudaMemory, Device};
 use crate::error::{EngineError, Result};
 use crate::exec::{
     memory::ALIGN, online_scratch_bytes_per_thread, scratch_bytes_per_thread, Executor, KvCache,
@@ -35,6 +36,11 @@ pub struct SessionConfig {
     /// does not grow with the context. Off by default: the exact path reproduces llama.cpp's
     /// logits bit for bit. A q8_0 cache always uses the tiled attention.
     pub flash_attn: bool,
+    /// Where the session runs (the CPU by default; see [`crate::device::default_device`]).
+    pub device: Device,
+    /// CUDA only: how the weights reach the device (`None`: chosen from the device's
+    /// attributes, or `EDGE_RUN_CUDA_WEIGHTS`).
+    pub cuda_weights: Option<crate::device::WeightPath>,
 }
 
 /// Memory a session owns, computed from its plan. Weights are mapped from the file, not copied.
@@ -110,6 +116,12 @@ pub struct SessionPlan {
     pub flash_attn: bool,
     /// Memory the session will hold.
     pub report: MemoryReport,
+    /// Where it runs.
+    pub device: Device,
+    /// CUDA sessions: the device allocations (arena, KV cache, weights uploaded, scratch).
+    pub cuda: Option<CudaMemory>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cuda_weights: Option<crate::device::WeightPath>,
     decode: PlannedGraph,
     prefill: Option<PlannedGraph>,
 }
@@ -165,15 +177,29 @@ impl SessionPlan {
                 p.n_ctx_train
             ))
         })?;
-        let flash_attn = cfg.flash_attn || cfg.kv_type == crate::exec::KvType::Q8_0;
-        let scratch_bytes = if flash_attn {
-            online_scratch_bytes_per_thread(p.head_dim)
-        } else {
-            scratch_bytes_per_thread(ctx, p.head_dim)
+        if cfg.device.is_cuda() && cfg.kv_type != crate::exec::KvType::F16 {
+            return Err(EngineError::InvalidArgument(
+                "--kv-type q8_0 is not implemented on --device cuda yet; use --kv-type f16 (or --device cpu)".into(),
+            ));
         }
-        .checked_next_multiple_of(ALIGN)
-        .and_then(|b| b.checked_mul(threads))
-        .ok_or_else(|| EngineError::InvalidArgument(format!("--ctx {ctx}: too large")))?;
+        // The CUDA attention is always tiled; on the CPU a q8_0 cache or --flash-attn is.
+        let flash_attn =
+            cfg.device.is_cuda() || cfg.flash_attn || cfg.kv_type == crate::exec::KvType::Q8_0;
+        // CPU: per-thread attention scratch. CUDA: the attention partials and the parameter
+        // block (the threads only feed the GPU).
+        let scratch_bytes = if cfg.device.is_cuda() {
+            crate::device::attn_partial_bytes(ubatch, ctx, p.n_head, p.head_dim)
+                + crate::device::params_bytes(ubatch)
+        } else {
+            if flash_attn {
+                online_scratch_bytes_per_thread(p.head_dim)
+            } else {
+                scratch_bytes_per_thread(ctx, p.head_dim)
+            }
+            .checked_next_multiple_of(ALIGN)
+            .and_then(|b| b.checked_mul(threads))
+            .ok_or_else(|| EngineError::InvalidArgument(format!("--ctx {ctx}: too large")))?
+        };
         let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(model, 1))?;
         let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
             let (pg, size, bound) = plan_graph(arch::llama::build_graph(model, ubatch))?;
@@ -181,12 +207,21 @@ impl SessionPlan {
         } else {
             (None, decode_size, decode_bound)
         };
+        let cuda = cfg.device.is_cuda().then(|| CudaMemory {
+            arena_bytes: arena_bytes as u64,
+            kv_bytes: kv_bytes as u64,
+            weights_upload_bytes: crate::device::uploaded_weight_bytes(model),
+            scratch_bytes: scratch_bytes as u64,
+        });
         Ok(SessionPlan {
             ctx,
             ubatch,
             threads,
             kv_type: cfg.kv_type,
             flash_attn,
+            device: cfg.device,
+            cuda,
+            cuda_weights: cfg.cuda_weights,
             report: MemoryReport {
                 weights_bytes: model.weight_bytes_total(),
                 kv_bytes: kv_bytes as u64,
@@ -276,8 +311,10 @@ impl SessionPlan {
 /// One conversation's state: KV cache, arena, threads; the model is shared.
 pub struct Session {
     model: Arc<Model>,
-    kv: KvCache,
-    exec: Executor,
+    backend: Backend,
+    ctx: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    threads: usize,
     decode: PlannedGraph,
     prefill: Option<PlannedGraph>,
     ubatch: usize,
@@ -288,10 +325,20 @@ pub struct Session {
     last_graph_is_prefill: bool,
 }
 
+/// What runs the planned graphs: the CPU executor with its KV cache, or a CUDA device.
+enum Backend {
+    Cpu {
+        exec: Executor,
+        kv: KvCache,
+    },
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::cuda::CudaExecutor>),
+}
+
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("ctx", &self.kv.ctx())
+            .field("ctx", &self.ctx)
             .field("ubatch", &self.ubatch)
             .field("n_past", &self.n_past)
             .finish()
@@ -317,30 +364,61 @@ impl Session {
                 p.n_ctx_train
             );
         }
-        let kv = KvCache::new(p.n_layer, plan.ctx, p.kv_dim(), plan.kv_type).map_err(|e| {
-            EngineError::InvalidArgument(format!(
-                "--ctx {}: {e}; use a smaller context (the model was trained for {})",
-                plan.ctx, p.n_ctx_train
-            ))
-        })?;
-        let exec = Executor::new(
-            plan.report.arena_bytes as usize,
-            plan.threads,
-            plan.ctx,
-            p.head_dim,
-            plan.flash_attn,
-            Kernels::detect(),
-        )
-        .map_err(|e| EngineError::InvalidArgument(format!("cannot allocate the session: {e}")))?;
-        debug_assert_eq!(exec.scratch_bytes() as u64, plan.report.scratch_bytes);
-        debug_assert_eq!(kv.bytes() as u64, plan.report.kv_bytes);
         let report = plan.report;
+        let (backend, what) = match plan.device {
+            Device::Cpu => {
+                let kv =
+                    KvCache::new(p.n_layer, plan.ctx, p.kv_dim(), plan.kv_type).map_err(|e| {
+                        EngineError::InvalidArgument(format!(
+                            "--ctx {}: {e}; use a smaller context (the model was trained for {})",
+                            plan.ctx, p.n_ctx_train
+                        ))
+                    })?;
+                let exec = Executor::new(
+                    plan.report.arena_bytes as usize,
+                    plan.threads,
+                    plan.ctx,
+                    p.head_dim,
+                    plan.flash_attn,
+                    Kernels::detect(),
+                )
+                .map_err(|e| {
+                    EngineError::InvalidArgument(format!("cannot allocate the session: {e}"))
+                })?;
+                debug_assert_eq!(exec.scratch_bytes() as u64, plan.report.scratch_bytes);
+                debug_assert_eq!(kv.bytes() as u64, plan.report.kv_bytes);
+                let what = format!(
+                    "{} threads, kernels {}",
+                    plan.threads,
+                    exec.kernels().isa_name()
+                );
+                (Backend::Cpu { exec, kv }, what)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => {
+                let exec = crate::cuda::CudaExecutor::new(
+                    &model,
+                    ordinal,
+                    plan.report.arena_bytes as usize,
+                    plan.ctx,
+                    plan.ubatch,
+                    plan.kv_type,
+                    plan.cuda_weights,
+                )
+                .map_err(EngineError::Device)?;
+                debug_assert_eq!(exec.kv_bytes() as u64, plan.report.kv_bytes);
+                let what = exec.description().to_string();
+                (Backend::Cuda(Box::new(exec)), what)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => {
+                return Err(EngineError::Device(crate::device::NO_CUDA_SUPPORT.into()));
+            }
+        };
         log::info!(
-            "session: ctx {}, ubatch {}, {} threads, kernels {}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
+            "session: ctx {}, ubatch {}, {what}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
             plan.ctx,
             plan.ubatch,
-            plan.threads,
-            exec.kernels().isa_name(),
             report.kv_bytes as f64 / 1048576.0,
             report.arena_bytes as f64 / 1048576.0,
             report.arena_lower_bound_bytes as f64 / 1048576.0,
@@ -348,8 +426,9 @@ impl Session {
         );
         Ok(Session {
             model,
-            kv,
-            exec,
+            backend,
+            ctx: plan.ctx,
+            threads: plan.threads,
             decode: plan.decode,
             prefill: plan.prefill,
             ubatch: plan.ubatch,
@@ -367,7 +446,7 @@ impl Session {
 
     /// Context size in tokens.
     pub fn ctx(&self) -> usize {
-        self.kv.ctx()
+        self.ctx
     }
 
     /// Tokens per prefill run.
@@ -375,9 +454,32 @@ impl Session {
         self.ubatch
     }
 
-    /// Threads per op.
+    /// Threads per op (CPU sessions; a CUDA session reports its planned threads, which only
+    /// feed the GPU).
     pub fn n_threads(&self) -> usize {
-        self.exec.n_threads()
+        match &self.backend {
+            Backend::Cpu { exec, .. } => exec.n_threads(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => self.threads,
+        }
+    }
+
+    /// Where the session runs.
+    pub fn device(&self) -> Device {
+        match &self.backend {
+            Backend::Cpu { .. } => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Device::Cuda(c.ordinal()),
+        }
+    }
+
+    /// What computes: the CPU kernel set (`avx2`, `scalar`) or `cuda`.
+    pub fn backend_name(&self) -> &'static str {
+        match &self.backend {
+            Backend::Cpu { exec, .. } => exec.kernels().isa_name(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => "cuda",
+        }
     }
 
     /// Positions already in the KV cache.
@@ -399,36 +501,82 @@ impl Session {
     /// Appends `tokens` to the context, in chunks of the ubatch, and returns the logits of the
     /// last one.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.advance_as(tokens, "prompt")?;
+        self.try_logits()
+    }
+
+    /// Appends one token and returns the logits for the next.
+    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
+        self.advance_as(&[token], "generation")?;
+        self.try_logits()
+    }
+
+    /// Appends `tokens` (in chunks of the ubatch) without fetching the logits: on a GPU they
+    /// stay on the device until [`Session::logits`] or [`Session::argmax`] asks.
+    pub fn advance(&mut self, tokens: &[u32]) -> Result<()> {
+        let what = if tokens.len() == 1 && self.n_past > 0 {
+            "generation"
+        } else {
+            "prompt"
+        };
+        self.advance_as(tokens, what)
+    }
+
+    fn advance_as(&mut self, tokens: &[u32], what: &'static str) -> Result<()> {
         if tokens.is_empty() {
             return Err(EngineError::InvalidArgument(
                 "nothing to process: the prompt has no tokens".into(),
             ));
         }
-        self.check_tokens(tokens, "prompt")?;
-        for chunk in tokens.chunks(self.ubatch) {
+        self.check_tokens(tokens, what)?;
+        let chunk_len = self.ubatch;
+        for chunk in tokens.chunks(chunk_len) {
             self.run(chunk)?;
         }
-        Ok(self.logits())
+        Ok(())
     }
 
-    /// Appends one token and returns the logits for the next.
-    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
-        self.check_tokens(&[token], "generation")?;
-        self.run(&[token])?;
-        Ok(self.logits())
-    }
-
-    /// Logits of the last processed position (empty before any run).
-    pub fn logits(&self) -> &[f32] {
+    /// The most likely next token after the last run (the first on ties), as
+    /// [`crate::sampling::argmax`] of the logits. On a GPU it is computed there and only the id
+    /// is copied back.
+    pub fn argmax(&self) -> Result<u32> {
         if !self.has_logits {
-            return &[];
+            return Err(EngineError::InvalidArgument(
+                "no logits yet: process some tokens first".into(),
+            ));
         }
-        let pg = if self.last_graph_is_prefill {
-            self.prefill.as_ref().unwrap_or(&self.decode)
-        } else {
-            &self.decode
-        };
-        self.exec.read_f32(pg, pg.graph.output, 1)
+        match &self.backend {
+            Backend::Cpu { .. } => Ok(crate::sampling::argmax(self.logits())),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.argmax().map_err(EngineError::Device),
+        }
+    }
+
+    /// Logits of the last processed position (empty before any run, or if copying them from
+    /// the device failed; [`Session::prefill`] and [`Session::step`] report such errors).
+    pub fn logits(&self) -> &[f32] {
+        self.try_logits().unwrap_or_else(|e| {
+            log::error!("{e}");
+            &[]
+        })
+    }
+
+    fn try_logits(&self) -> Result<&[f32]> {
+        if !self.has_logits {
+            return Ok(&[]);
+        }
+        match &self.backend {
+            Backend::Cpu { exec, .. } => {
+                let pg = if self.last_graph_is_prefill {
+                    self.prefill.as_ref().unwrap_or(&self.decode)
+                } else {
+                    &self.decode
+                };
+                Ok(exec.read_f32(pg, pg.graph.output, 1))
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.logits().map_err(EngineError::Device),
+        }
     }
 
     fn check_tokens(&self, tokens: &[u32], what: &'static str) -> Result<()> {
@@ -456,15 +604,24 @@ impl Session {
         } else {
             &self.decode
         };
-        let args = RunArgs {
-            tokens: chunk,
-            pos0: self.n_past,
-        };
-        if !self.exec.run(&self.model, &self.kv, pg, args) {
-            self.has_logits = false;
-            return Err(EngineError::Kernel(
-                "a worker thread panicked; this is a bug".into(),
-            ));
+        self.has_logits = false;
+        match &mut self.backend {
+            Backend::Cpu { exec, kv } => {
+                let args = RunArgs {
+                    tokens: chunk,
+                    pos0: self.n_past,
+                };
+                if !exec.run(&self.model, kv, pg, args) {
+                    return Err(EngineError::Kernel(
+                        "a worker thread panicked; this is a bug".into(),
+                    ));
+                }
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => {
+                c.run(&self.model, pg, chunk, self.n_past, !use_prefill)
+                    .map_err(EngineError::Device)?;
+            }
         }
         self.n_past += chunk.len();
         self.has_logits = true;

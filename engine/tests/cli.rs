@@ -1064,3 +1064,94 @@ fn memory_budget_refuses_or_fits() {
         assert_eq!(out.code, Some(2), "{bad:?}");
     }
 }
+
+/// `--device cuda` on a build without the `cuda` feature names the rebuild command, in every
+/// command that takes `--device`.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn device_cuda_without_the_feature_is_a_clear_error() {
+    let m = model();
+    let cases: [&[&str]; 3] = [
+        &[s(&m), "-p", "hi", "-n", "1", "--device", "cuda"],
+        &["plan", s(&m), "--device", "cuda"],
+        &[
+            "bench",
+            s(&m),
+            "-p",
+            "8",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--device",
+            "cuda:1",
+        ],
+    ];
+    for args in cases {
+        assert_error(
+            &run(args),
+            &[
+                "built without CUDA support",
+                "cargo build --release --features cuda",
+            ],
+        );
+    }
+}
+
+/// A CUDA build on a machine without a driver: `--device cuda` is an error naming the fix, and
+/// the default device falls back to the CPU.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_cuda_without_a_gpu_is_a_clear_error_and_the_default_falls_back() {
+    if edge_engine::cuda::device_count().is_ok_and(|n| n > 0) {
+        eprintln!("skipped: a CUDA device is present");
+        return;
+    }
+    let m = model();
+    assert_error(
+        &run(&[s(&m), "-p", "hi", "-n", "1", "--device", "cuda"]),
+        &["cuda:0", "--device cpu"],
+    );
+    let out = run(&[
+        s(&m),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "2",
+        "--temp",
+        "0",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[test]
+fn device_values_are_checked() {
+    let m = model();
+    let out = run(&["plan", s(&m), "--device", "gpu"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("cpu, cuda or cuda:N"), "{out:?}");
+    let out = run(&["plan", s(&m), "--device", "cpu", "--json"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["device"], "cpu");
+    assert!(v["cuda"].is_null());
+}
+
+/// `plan --device cuda` is arithmetic: it works without a GPU and reports the device
+/// allocations (only a CUDA build accepts the device).
+#[cfg(feature = "cuda")]
+#[test]
+fn plan_reports_cuda_device_allocations_without_a_gpu() {
+    let m = model();
+    let out = run(&["plan", s(&m), "--device", "cuda", "--ctx", "1024", "--json"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["device"], "cuda:0");
+    assert_eq!(v["cuda"]["kv_bytes"], v["kv_bytes"]);
+    assert_eq!(v["cuda"]["arena_bytes"], v["arena_bytes"]);
+    assert!(
+        v["cuda"]["weights_upload_bytes"].as_u64().unwrap() >= v["weights_bytes"].as_u64().unwrap()
+    );
+    let out = run(&["plan", s(&m), "--device", "cuda", "--kv-type", "q8_0"]);
+    assert_error(&out, &["q8_0", "--device cuda"]);
+}

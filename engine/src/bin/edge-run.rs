@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
+use edge_engine::device::Device;
 use edge_engine::error::EngineError;
 use edge_engine::gguf::{Gguf, GgufError};
 use edge_engine::model::Model;
-use edge_engine::sampling::{argmax, Sampler, SamplerConfig};
+use edge_engine::sampling::{Sampler, SamplerConfig};
 use edge_engine::session::{Session, SessionConfig, SessionPlan};
 use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 use edge_tokenizers::{StreamDecoder, Tokenizer};
@@ -120,6 +121,10 @@ struct GenerateArgs {
     /// With --chat: a system message (otherwise the template's default, if any).
     #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
     system: Option<String>,
+    /// Device: cpu, cuda or cuda:N [default: cuda if this build has CUDA support and a GPU is
+    /// present, else cpu].
+    #[arg(long = "device", value_name = "DEVICE", value_parser = device_arg)]
+    device: Option<Device>,
     #[command(flatten)]
     budget: BudgetArgs,
     /// More logging on stderr (-v info: memory plan, timings; -vv debug). RUST_LOG overrides.
@@ -172,6 +177,10 @@ struct PlanArgs {
     /// Threads (each has its own scratch) [default: the available cores].
     #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
     threads: Option<usize>,
+    /// Device: cpu, cuda or cuda:N [default: cuda if this build has CUDA support and a GPU is
+    /// present, else cpu].
+    #[arg(long = "device", value_name = "DEVICE", value_parser = device_arg)]
+    device: Option<Device>,
     #[command(flatten)]
     budget: BudgetArgs,
     /// Print one JSON object (byte counts) instead of the summary.
@@ -204,6 +213,22 @@ struct BudgetArgs {
     /// scratch no longer grows with the context; logits differ slightly from llama.cpp's.
     #[arg(long = "flash-attn", visible_alias = "fa")]
     flash_attn: bool,
+}
+
+fn device_arg(s: &str) -> Result<Device, String> {
+    Device::parse(s)
+}
+
+/// The device a command runs on: the one asked for, or the default (CUDA when built in and
+/// present, else the CPU). Asking for CUDA on a build without it is an error that names the fix.
+fn resolve_device(asked: Option<Device>) -> CliResult<Device> {
+    match asked {
+        Some(Device::Cuda(_)) if !edge_engine::device::cuda_compiled() => {
+            Err(CliError::from(edge_engine::device::NO_CUDA_SUPPORT))
+        }
+        Some(d) => Ok(d),
+        None => Ok(edge_engine::device::default_device()),
+    }
 }
 
 fn kv_type(s: &str) -> Result<edge_engine::exec::KvType, String> {
@@ -273,6 +298,10 @@ struct BenchArgs {
     /// Threads [default: the available cores].
     #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
     threads: Option<usize>,
+    /// Device: cpu, cuda or cuda:N [default: cuda if this build has CUDA support and a GPU is
+    /// present, else cpu].
+    #[arg(long = "device", value_name = "DEVICE", value_parser = device_arg)]
+    device: Option<Device>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -736,6 +765,8 @@ fn generate(a: GenerateArgs) -> CliResult {
         threads: a.threads,
         kv_type: a.budget.kv_type,
         flash_attn: a.budget.flash_attn,
+        device: resolve_device(a.device)?,
+        cuda_weights: None,
     };
     let budget = a.budget.budget()?;
     let mut session = match &budget {
@@ -745,6 +776,10 @@ fn generate(a: GenerateArgs) -> CliResult {
     }
     .map_err(|e| match e {
         EngineError::Budget(_) => CliError::from(e.to_string()),
+        EngineError::Device(e) => CliError::from(format!(
+            "cannot set up the session on {}: {e} (use --device cpu)",
+            cfg.device.name()
+        )),
         e => CliError::from(format!(
             "cannot set up the session: {e} (try a smaller --ctx or --ubatch)"
         )),
@@ -773,7 +808,22 @@ fn generate(a: GenerateArgs) -> CliResult {
     let write_err = |e: std::io::Error| CliError::from(format!("writing output: {e}"));
     let mut stream = StreamDecoder::new();
     let t_prompt = Instant::now();
-    let mut next = sampler.sample(session.prefill(&ids).map_err(|e| e.to_string())?);
+    // Greedy without penalties on a GPU: the argmax is taken on the device and only the token
+    // id comes back (the same token the sampler would pick: the first maximum).
+    let device_greedy = session.device().is_cuda() && a.temp <= 0.0 && a.repeat_penalty == 1.0;
+    let mut next_token = |session: &mut Session, tokens: &[u32]| -> CliResult<u32> {
+        if device_greedy {
+            session.advance(tokens).map_err(|e| e.to_string())?;
+            Ok(session.argmax().map_err(|e| e.to_string())?)
+        } else if tokens.len() == 1 && session.n_past() > 0 {
+            // A generated token joins the penalty window before the next sample.
+            sampler.accept(tokens[0]);
+            Ok(sampler.sample(session.step(tokens[0]).map_err(|e| e.to_string())?))
+        } else {
+            Ok(sampler.sample(session.prefill(tokens).map_err(|e| e.to_string())?))
+        }
+    };
+    let mut next = next_token(&mut session, &ids)?;
     let prompt_s = t_prompt.elapsed().as_secs_f64();
     let t_gen = Instant::now();
     let mut n_gen = 0usize;
@@ -783,7 +833,6 @@ fn generate(a: GenerateArgs) -> CliResult {
             stop = "end-of-generation token";
             break;
         }
-        sampler.accept(next);
         n_gen += 1;
         if let Some(s) = stream.push(next, tok) {
             stdout.write_all(s.as_bytes()).map_err(write_err)?;
@@ -796,7 +845,7 @@ fn generate(a: GenerateArgs) -> CliResult {
             stop = "context full (use a larger --ctx)";
             break;
         }
-        next = sampler.sample(session.step(next).map_err(|e| e.to_string())?);
+        next = next_token(&mut session, &[next])?;
     }
     if let Some(rest) = stream.flush() {
         stdout.write_all(rest.as_bytes()).map_err(write_err)?;
@@ -850,6 +899,8 @@ fn plan(a: PlanArgs) -> CliResult {
         threads: a.threads,
         kv_type: a.budget.kv_type,
         flash_attn: a.budget.flash_attn,
+        device: resolve_device(a.device)?,
+        cuda_weights: None,
     };
     let budget = a.budget.budget()?;
     let plan = match &budget {
@@ -895,6 +946,14 @@ fn plan(a: PlanArgs) -> CliResult {
             "threads": plan.threads,
             "kv_type": plan.kv_type.name(),
             "flash_attn": plan.flash_attn,
+            "device": plan.device.name(),
+            "cuda": plan.cuda.map(|c| serde_json::json!({
+                "arena_bytes": c.arena_bytes,
+                "kv_bytes": c.kv_bytes,
+                "weights_upload_bytes": c.weights_upload_bytes,
+                "scratch_bytes": c.scratch_bytes,
+                "device_total_bytes": c.device_total_bytes(),
+            })),
         });
         return write_lines(&[v.to_string()]);
     }
@@ -956,15 +1015,16 @@ fn plan(a: PlanArgs) -> CliResult {
             ratio
         ),
     ));
-    lines.push(row(
-        "scratch",
-        r.scratch_bytes,
+    let scratch_note = if plan.cuda.is_some() {
+        "attention partials + parameter block (on the device)".to_string()
+    } else {
         format!(
             "{} threads x {}",
             plan.threads,
             mib(r.scratch_bytes / plan.threads.max(1) as u64)
-        ),
-    ));
+        )
+    };
+    lines.push(row("scratch", r.scratch_bytes, scratch_note));
     lines.push(row(
         "total owned",
         r.owned_bytes(),
@@ -985,6 +1045,34 @@ fn plan(a: PlanArgs) -> CliResult {
         r.total_bytes(),
         "what the process holds: weights + runtime + owned".into(),
     ));
+    if let Some(c) = &plan.cuda {
+        lines.push(String::new());
+        lines.push(format!(
+            "device allocations on {} (one each, sized by the plan):",
+            plan.device.name()
+        ));
+        lines.push(row(
+            "arena",
+            c.arena_bytes,
+            "one allocation; values at the plan's offsets".into(),
+        ));
+        lines.push(row("KV cache", c.kv_bytes, "one allocation, f16".into()));
+        lines.push(row(
+            "weights",
+            c.weights_upload_bytes,
+            "one upload on a discrete GPU; integrated GPUs register the file mapping (0 B extra) or fill one managed buffer".into(),
+        ));
+        lines.push(row(
+            "scratch",
+            c.scratch_bytes,
+            "attention partials + parameters".into(),
+        ));
+        lines.push(row(
+            "total on the device",
+            c.device_total_bytes(),
+            "discrete GPU: arena + KV + scratch + weights".into(),
+        ));
+    }
     if let Some(b) = &budget {
         let charged = if b.count_weights {
             r.owned_with_weights_bytes()
@@ -1059,10 +1147,16 @@ fn bench(a: BenchArgs) -> CliResult {
         ctx: Some(ctx),
         ubatch: None,
         threads: a.threads,
+        device: resolve_device(a.device)?,
         ..Default::default()
     };
-    let mut session = Session::new(Arc::clone(&model), &cfg)
-        .map_err(|e| format!("cannot set up the session: {e} (try smaller -p/-n)"))?;
+    let mut session = Session::new(Arc::clone(&model), &cfg).map_err(|e| match e {
+        EngineError::Device(e) => format!(
+            "cannot set up the session on {}: {e} (use --device cpu)",
+            cfg.device.name()
+        ),
+        e => format!("cannot set up the session: {e} (try smaller -p/-n)"),
+    })?;
     let threads = session.n_threads();
     let run_err = |e: EngineError| CliError::from(e.to_string());
 
@@ -1072,7 +1166,8 @@ fn bench(a: BenchArgs) -> CliResult {
     for rep in 0..=a.repetitions {
         session.reset();
         let t = Instant::now();
-        session.prefill(&prompt).map_err(run_err)?;
+        // No logits are fetched (on a GPU they stay on the device), as llama-bench's pp test.
+        session.advance(&prompt).map_err(run_err)?;
         let s = t.elapsed().as_secs_f64();
         if rep > 0 {
             pp_rates.push(a.n_prompt as f64 / s.max(1e-9));
@@ -1081,10 +1176,13 @@ fn bench(a: BenchArgs) -> CliResult {
     }
     for rep in 0..=a.repetitions {
         session.reset();
-        let mut next = argmax(session.prefill(&[gen_start]).map_err(run_err)?);
+        // Greedy: Session::argmax is sampling::argmax of the logits (on a GPU, computed there).
+        session.advance(&[gen_start]).map_err(run_err)?;
+        let mut next = session.argmax().map_err(run_err)?;
         let t = Instant::now();
         for _ in 0..a.n_gen {
-            next = argmax(session.step(next).map_err(run_err)?);
+            session.advance(&[next]).map_err(run_err)?;
+            next = session.argmax().map_err(run_err)?;
         }
         let s = t.elapsed().as_secs_f64();
         if rep > 0 {
@@ -1094,7 +1192,7 @@ fn bench(a: BenchArgs) -> CliResult {
     }
     let (pp, pp_sd) = mean_sd(&pp_rates);
     let (tg, tg_sd) = mean_sd(&tg_rates);
-    let isa = edge_engine::cpu::Kernels::detect().isa_name();
+    let isa = session.backend_name();
     let size: u64 = model.gguf().tensors().iter().map(|t| t.n_bytes).sum();
     let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
     let name = a

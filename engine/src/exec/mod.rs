@@ -128,7 +128,7 @@ impl KvCache {
 /// Rotary embedding of one row (all heads) at position `pos`: `dst` = `src` with pairs rotated
 /// by `pos * freq_scale * freq_base^(-2i/n_rot)`, pairs adjacent (normal) or `n_rot/2` apart
 /// (NeoX); dimensions past `n_rot` pass through.
-fn rope_row(src: &[f32], dst: &mut [f32], pos: usize, head_dim: usize, rope: Rope) {
+pub(crate) fn rope_row(src: &[f32], dst: &mut [f32], pos: usize, head_dim: usize, rope: Rope) {
     dst.copy_from_slice(src);
     let n_heads = src.len() / head_dim;
     let half = rope.n_rot / 2;
@@ -225,7 +225,7 @@ mod rope_tests {
 /// One row of `silu(gate) * up` with ggml's SiLU (its own exp polynomial; see
 /// [`cpu::ggml_order`]).
 #[inline(always)]
-fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(crate) fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = cpu::ggml_order::silu(g) * u;
     }

@@ -714,6 +714,15 @@ impl Gguf {
             .and_then(|&i| self.tensors.get(i))
     }
 
+    /// The whole file as mapped, when the bytes are a file mapping (not an owned buffer): the
+    /// CUDA backend registers this range for zero-copy device access on integrated GPUs.
+    pub fn mapped_bytes(&self) -> Option<&[u8]> {
+        match &self.storage {
+            Storage::Mmap(m) => Some(m),
+            Storage::Owned(_) => None,
+        }
+    }
+
     /// The tensor's bytes, zero-copy. The range of every tensor of this file was validated at
     /// open; for a `TensorInfo` not from this file whose range lies outside it, the slice is
     /// empty (never a panic).

@@ -1,0 +1,831 @@
+//! Every kernel against the CPU backend (or an f64 reference) on random inputs, odd sizes
+//! included. Without a CUDA device each test prints why it was skipped and returns.
+//!
+//! Exactness: the kernels that can reproduce the CPU's arithmetic (embed, rms_norm, quantize,
+//! store_kv, add, take_last, argmax) are compared bit for bit. Dot products (matmul, attention)
+//! add in another order than the CPU, so they are compared with a tolerance scaled by the sum
+//! of the absolute terms (f32 rounding of reordered sums); rope and swiglu by a few ulps
+//! (the GPU's sinf/cosf/expf are within 2 ulp of the CPU's libm).
+
+use super::*;
+use crate::cpu::{self, Q8Rounding};
+use half::f16;
+
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    k: Kernels,
+}
+
+/// A device, or `None` after printing why the test is skipped.
+fn gpu(test: &str) -> Option<Gpu> {
+    let ctx = match context(0) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{test}: skipped: no CUDA device ({e})");
+            return None;
+        }
+    };
+    // SAFETY: these tests use no CudaSlice.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().expect("stream");
+    let (m, what) = module::load(&ctx).expect("kernels load");
+    eprintln!(
+        "{test}: running on {} with {what}",
+        ctx.name().unwrap_or_default()
+    );
+    Some(Gpu {
+        k: Kernels::load(&m).expect("kernels"),
+        ctx,
+        stream,
+    })
+}
+
+impl Gpu {
+    fn buf<T: Copy>(&self, data: &[T]) -> DeviceAlloc {
+        let a = DeviceAlloc::new(&self.ctx, std::mem::size_of_val(data), false).unwrap();
+        if !data.is_empty() {
+            // SAFETY: the allocation holds size_of_val(data) bytes; synchronous copy.
+            unsafe { result::memcpy_htod_sync(a.ptr, data) }.unwrap();
+        }
+        a
+    }
+
+    fn zeros(&self, bytes: usize) -> DeviceAlloc {
+        DeviceAlloc::new(&self.ctx, bytes, false).unwrap()
+    }
+
+    fn get<T: Copy + Default>(&self, a: &DeviceAlloc, n: usize) -> Vec<T> {
+        assert!(n * std::mem::size_of::<T>() <= a.bytes.max(1));
+        self.stream.synchronize().unwrap();
+        self.ctx.bind_to_thread().unwrap();
+        let mut v = vec![T::default(); n];
+        // SAFETY: n elements fit the allocation (asserted); the stream is idle.
+        unsafe { result::memcpy_dtoh_sync(&mut v[..], a.ptr) }.unwrap();
+        v
+    }
+
+    fn run(&self, f: &CudaFunction, grid: (u32, u32), block: u32, args: &[Arg]) {
+        launch(&self.stream, f, grid, block, args).unwrap();
+        self.stream.synchronize().unwrap();
+    }
+
+    /// The parameter block: pos0, n_tokens, argmax, pad, tokens.
+    fn params(&self, pos0: usize, tokens: &[u32]) -> DeviceAlloc {
+        let mut v = vec![pos0 as i32, tokens.len() as i32, 0, 0];
+        v.extend(tokens.iter().map(|&t| t as i32));
+        self.buf(&v)
+    }
+}
+
+fn p(a: &DeviceAlloc) -> Arg {
+    Arg::U64(a.ptr)
+}
+
+/// xorshift64*: deterministic test data.
+struct Rng(u64);
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+fn quantized(ty: GgmlType, x: &[f32], rows: usize) -> Vec<u8> {
+    let cols = x.len() / rows;
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut out = vec![0u8; rows * rb];
+    for r in 0..rows {
+        cpu::quantize_row(
+            ty,
+            &x[r * cols..(r + 1) * cols],
+            &mut out[r * rb..(r + 1) * rb],
+        )
+        .unwrap();
+    }
+    out
+}
+
+#[test]
+fn quantize_matches_cpu_bit_for_bit() {
+    let Some(g) = gpu("quantize") else { return };
+    let mut r = Rng(1);
+    let (rows, cols) = (5, 32 * 7);
+    let mut x = r.vec(rows * cols, 3.0);
+    x[40] = 0.0; // an all-but-one-zero block is not special, an all-zero one is:
+    for v in &mut x[64..96] {
+        *v = 0.0;
+    }
+    let dx = g.buf(&x);
+    for (flavour, rounding) in [
+        (0, Q8Rounding::GgmlRef),
+        (1, Q8Rounding::GgmlX86),
+        (2, Q8Rounding::GgmlArm),
+    ] {
+        let k = cpu::Kernels::scalar().with_q8_rounding(rounding);
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+            let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+            let out = g.zeros(rows * rb);
+            g.run(
+                &g.k.quantize_q8,
+                ((rows * cols / 32).div_ceil(8) as u32, 1),
+                256,
+                &[
+                    p(&dx),
+                    p(&out),
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                    Arg::U64(rb as u64),
+                    Arg::I32(i32::from(ty == GgmlType::Q8_1)),
+                    Arg::I32(flavour),
+                ],
+            );
+            let got: Vec<u8> = g.get(&out, rows * rb);
+            let mut want = vec![0u8; rows * rb];
+            for t in 0..rows {
+                k.quantize_row(
+                    ty,
+                    &x[t * cols..(t + 1) * cols],
+                    &mut want[t * rb..(t + 1) * rb],
+                )
+                .unwrap();
+            }
+            assert_eq!(got, want, "{ty} flavour {rounding:?}");
+        }
+    }
+    // Float activation types.
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        let n = rows * cols;
+        let rb = ty.row_bytes(n as u64).unwrap() as usize;
+        let out = g.zeros(rb);
+        g.run(
+            &g.k.quantize_float,
+            (n.div_ceil(256) as u32, 1),
+            256,
+            &[
+                p(&dx),
+                p(&out),
+                Arg::I64(n as i64),
+                Arg::I32(ty.id() as i32),
+            ],
+        );
+        let got: Vec<u8> = g.get(&out, rb);
+        assert_eq!(got, quantized(ty, &x, 1), "{ty}");
+    }
+}
+
+#[test]
+fn rms_norm_matches_cpu_bit_for_bit() {
+    let Some(g) = gpu("rms_norm") else { return };
+    let mut r = Rng(2);
+    for (rows, cols) in [(3, 576), (2, 100), (1, 2048)] {
+        let x = r.vec(rows * cols, 2.0);
+        let w = r.vec(cols, 1.0);
+        let (dx, dw, out) = (g.buf(&x), g.buf(&w), g.zeros(rows * cols * 4));
+        g.run(
+            &g.k.rms_norm,
+            (rows as u32, 1),
+            256,
+            &[
+                p(&dx),
+                p(&dw),
+                p(&out),
+                Arg::I32(cols as i32),
+                Arg::F32(1e-5),
+            ],
+        );
+        let got: Vec<f32> = g.get(&out, rows * cols);
+        let mut want = vec![0.0f32; rows * cols];
+        for t in 0..rows {
+            cpu::rms_norm(
+                &x[t * cols..(t + 1) * cols],
+                &w,
+                1e-5,
+                &mut want[t * cols..(t + 1) * cols],
+            );
+        }
+        assert_eq!(got, want, "{rows}x{cols}");
+    }
+}
+
+#[test]
+fn embed_matches_cpu_dequantization() {
+    let Some(g) = gpu("embed") else { return };
+    let mut r = Rng(3);
+    let (n_rows, row_len) = (11, 32 * 5);
+    let table = r.vec(n_rows * row_len, 1.5);
+    let tokens = [3u32, 0, 10, 3, 99 /* out of range: zero row */];
+    let params = g.params(0, &tokens);
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+    ] {
+        let q = quantized(ty, &table, n_rows);
+        let rb = q.len() / n_rows;
+        let (dt, out) = (g.buf(&q), g.zeros(tokens.len() * row_len * 4));
+        g.run(
+            &g.k.embed,
+            (tokens.len() as u32, 1),
+            256,
+            &[
+                p(&dt),
+                Arg::I32(ty.id() as i32),
+                Arg::U64(rb as u64),
+                Arg::I32(n_rows as i32),
+                Arg::I32(row_len as i32),
+                p(&params),
+                p(&out),
+            ],
+        );
+        let got: Vec<f32> = g.get(&out, tokens.len() * row_len);
+        for (t, &id) in tokens.iter().enumerate() {
+            let mut want = vec![0.0f32; row_len];
+            if (id as usize) < n_rows {
+                let i = id as usize;
+                cpu::dequantize_row(ty, &q[i * rb..(i + 1) * rb], &mut want).unwrap();
+            }
+            assert_eq!(
+                &got[t * row_len..(t + 1) * row_len],
+                &want[..],
+                "{ty} token {t}"
+            );
+        }
+    }
+}
+
+/// |a - b| within f32 reordering error of a sum whose absolute terms add up to `mag`.
+fn close(a: f32, b: f32, mag: f32) -> bool {
+    (a - b).abs() <= 1e-5 * mag + 1e-6
+}
+
+#[test]
+fn matmul_vec_and_batched_match_cpu_dots() {
+    let Some(g) = gpu("matmul") else { return };
+    let mut r = Rng(4);
+    let n_rows = 37; // not a multiple of the 4 rows per CUDA block
+    for n_cols in [32 * 9, 32 * 45] {
+        // fewer and more blocks than lanes
+        let w = r.vec(n_rows * n_cols, 1.0);
+        for n_tok in [1usize, 11] {
+            // decode kernel; batched kernel with a partial tile of 8
+            let x = r.vec(n_tok * n_cols, 2.0);
+            for wty in [
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q8_0,
+                GgmlType::F32,
+                GgmlType::F16,
+                GgmlType::BF16,
+            ] {
+                let xty = cpu::vec_dot_type(wty);
+                let wq = quantized(wty, &w, n_rows);
+                let xq = quantized(xty, &x, n_tok);
+                let (wrb, xrb) = (wq.len() / n_rows, xq.len() / n_tok);
+                let (dw, dx, out) = (g.buf(&wq), g.buf(&xq), g.zeros(n_tok * n_rows * 4));
+                let common = [
+                    p(&dw),
+                    p(&dx),
+                    p(&out),
+                    Arg::I32(n_rows as i32),
+                    Arg::I32(n_cols as i32),
+                    Arg::I32(n_tok as i32),
+                    Arg::U64(xrb as u64),
+                ];
+                match wty {
+                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                        let i = match wty {
+                            GgmlType::Q4_0 => 0,
+                            GgmlType::Q4_1 => 1,
+                            _ => 2,
+                        };
+                        let (f, gy) = if n_tok == 1 {
+                            (&g.k.mmv[i], 1)
+                        } else {
+                            (&g.k.mmm[i], n_tok.div_ceil(8) as u32)
+                        };
+                        g.run(f, (n_rows.div_ceil(4) as u32, gy), 128, &common);
+                    }
+                    _ => g.run(
+                        &g.k.mm_float,
+                        (n_rows.div_ceil(4) as u32, n_tok as u32),
+                        128,
+                        &[
+                            p(&dw),
+                            Arg::I32(wty.id() as i32),
+                            p(&dx),
+                            p(&out),
+                            Arg::I32(n_rows as i32),
+                            Arg::I32(n_cols as i32),
+                            Arg::I32(n_tok as i32),
+                        ],
+                    ),
+                }
+                let got: Vec<f32> = g.get(&out, n_tok * n_rows);
+                for t in 0..n_tok {
+                    let xr = &xq[t * xrb..(t + 1) * xrb];
+                    for row in 0..n_rows {
+                        let wr = &wq[row * wrb..(row + 1) * wrb];
+                        let want = cpu::vec_dot(wty, n_cols, wr, xr);
+                        // Magnitude: the dot of the absolute dequantized values.
+                        let mut wd = vec![0.0f32; n_cols];
+                        let mut xd = vec![0.0f32; n_cols];
+                        cpu::dequantize_row(wty, wr, &mut wd).unwrap();
+                        cpu::dequantize_row(xty, xr, &mut xd).unwrap();
+                        let mag: f32 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum();
+                        let gv = got[t * n_rows + row];
+                        assert!(
+                            close(gv, want, mag),
+                            "{wty} {n_cols} cols, token {t} row {row}: gpu {gv} cpu {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_matches_cpu_in_both_orderings() {
+    let Some(g) = gpu("rope") else { return };
+    let mut r = Rng(5);
+    let (n_tok, head_dim, n_heads, pos0) = (4, 64, 3, 1000);
+    let cols = head_dim * n_heads;
+    let x = r.vec(n_tok * cols, 2.0);
+    let params = g.params(pos0, &[0; 4]);
+    let dx = g.buf(&x);
+    for ordering in [RopeOrdering::Normal, RopeOrdering::NeoX] {
+        for n_rot in [64, 32] {
+            let rope = crate::graph::Rope {
+                ordering,
+                n_rot,
+                freq_base: 10000.0,
+                freq_scale: 0.5,
+            };
+            let out = g.zeros(n_tok * cols * 4);
+            g.run(
+                &g.k.rope,
+                (n_tok as u32, 1),
+                256,
+                &[
+                    p(&dx),
+                    p(&out),
+                    Arg::I32(cols as i32),
+                    Arg::I32(head_dim as i32),
+                    Arg::I32(n_rot as i32),
+                    Arg::I32(i32::from(ordering == RopeOrdering::NeoX)),
+                    Arg::F32(rope.freq_base.powf(-2.0 / n_rot as f32)),
+                    Arg::F32(rope.freq_scale),
+                    p(&params),
+                ],
+            );
+            let got: Vec<f32> = g.get(&out, n_tok * cols);
+            for t in 0..n_tok {
+                let mut want = vec![0.0f32; cols];
+                crate::exec::rope_row(
+                    &x[t * cols..(t + 1) * cols],
+                    &mut want,
+                    pos0 + t,
+                    head_dim,
+                    rope,
+                );
+                for (i, (a, b)) in got[t * cols..(t + 1) * cols].iter().zip(&want).enumerate() {
+                    // sin/cos of angles up to ~500 rad: both within an ulp or two of exact.
+                    assert!(
+                        (a - b).abs() <= 1e-5,
+                        "{ordering:?} n_rot {n_rot} t {t} i {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// f64 attention over an f16 cache of layout [layer][k|v][ctx][kv_dim], q rounded to f16.
+#[allow(clippy::too_many_arguments)]
+fn attention_ref(
+    q: &[f32],
+    cache: &[f16],
+    layer: usize,
+    ctx: usize,
+    kv_dim: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    pos0: usize,
+    n_tok: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0.0f32; n_tok * n_head * head_dim];
+    let group = n_head / n_head_kv;
+    for t in 0..n_tok {
+        for h in 0..n_head {
+            let kvh = h / group;
+            let qh: Vec<f64> = q[(t * n_head + h) * head_dim..][..head_dim]
+                .iter()
+                .map(|&v| f64::from(f16::from_f32(v).to_f32()))
+                .collect();
+            let n_pos = pos0 + t + 1;
+            let row = |v: usize, p: usize| {
+                &cache[((2 * layer + v) * ctx + p) * kv_dim + kvh * head_dim..][..head_dim]
+            };
+            let s: Vec<f64> = (0..n_pos)
+                .map(|p| {
+                    row(0, p)
+                        .iter()
+                        .zip(&qh)
+                        .map(|(k, q)| f64::from(k.to_f32()) * q)
+                        .sum::<f64>()
+                        * f64::from(scale)
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..head_dim {
+                let v: f64 = (0..n_pos)
+                    .map(|p| e[p] * f64::from(row(1, p)[d].to_f32()))
+                    .sum();
+                out[(t * n_head + h) * head_dim + d] = (v / z) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn store_kv_and_attention_decode_and_prefill_match_reference() {
+    let Some(g) = gpu("attention") else { return };
+    let mut r = Rng(6);
+    for (n_head, n_head_kv, head_dim) in [(9, 3, 64), (4, 4, 128), (8, 2, 32)] {
+        let kv_dim = n_head_kv * head_dim;
+        let (ctx, n_layer, layer) = (300, 2, 1);
+        // A cache with random history in every row.
+        let cache: Vec<f16> = r
+            .vec(2 * n_layer * ctx * kv_dim, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        for (pos0, n_tok, splits) in [(290, 1, 2), (290, 1, 7), (0, 1, 3), (20, 7, 1), (0, 16, 1)] {
+            let dcache = g.buf(&cache);
+            // Store the run's own k and v first (as the graph does), and check the rows.
+            let k = r.vec(n_tok * kv_dim, 1.0);
+            let v = r.vec(n_tok * kv_dim, 1.0);
+            let (dk, dv) = (g.buf(&k), g.buf(&v));
+            let params = g.params(pos0, &vec![0; n_tok]);
+            g.run(
+                &g.k.store_kv_f16,
+                (n_tok as u32, 1),
+                256,
+                &[
+                    p(&dk),
+                    p(&dv),
+                    p(&dcache),
+                    Arg::I32(layer as i32),
+                    Arg::I32(ctx as i32),
+                    Arg::I32(kv_dim as i32),
+                    p(&params),
+                ],
+            );
+            let mut want_cache = cache.clone();
+            for t in 0..n_tok {
+                for i in 0..kv_dim {
+                    want_cache[((2 * layer) * ctx + pos0 + t) * kv_dim + i] =
+                        f16::from_f32(k[t * kv_dim + i]);
+                    want_cache[((2 * layer + 1) * ctx + pos0 + t) * kv_dim + i] =
+                        f16::from_f32(v[t * kv_dim + i]);
+                }
+            }
+            let got_cache: Vec<u16> = g.get(&dcache, cache.len());
+            assert!(
+                got_cache
+                    .iter()
+                    .zip(&want_cache)
+                    .all(|(a, b)| *a == b.to_bits()),
+                "store_kv rows differ"
+            );
+            let q = r.vec(n_tok * n_head * head_dim, 1.0);
+            let dq = g.buf(&q);
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            let partial = g.zeros(n_tok * n_head * splits * (head_dim + 2) * 4);
+            let out = g.zeros(q.len() * 4);
+            g.run(
+                &g.k.attn_partial,
+                ((n_tok * n_head) as u32, splits as u32),
+                32,
+                &[
+                    p(&dq),
+                    p(&dcache),
+                    p(&partial),
+                    Arg::I32(n_head as i32),
+                    Arg::I32(n_head_kv as i32),
+                    Arg::I32(head_dim as i32),
+                    Arg::I32(ctx as i32),
+                    Arg::I32(kv_dim as i32),
+                    Arg::I32(layer as i32),
+                    Arg::F32(scale),
+                    Arg::I32(splits as i32),
+                    p(&params),
+                ],
+            );
+            g.run(
+                &g.k.attn_combine,
+                ((n_tok * n_head) as u32, 1),
+                128,
+                &[
+                    p(&partial),
+                    p(&out),
+                    Arg::I32(head_dim as i32),
+                    Arg::I32(splits as i32),
+                ],
+            );
+            let got: Vec<f32> = g.get(&out, q.len());
+            let want = attention_ref(
+                &q,
+                &want_cache,
+                layer,
+                ctx,
+                kv_dim,
+                n_head,
+                n_head_kv,
+                head_dim,
+                pos0,
+                n_tok,
+                scale,
+            );
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            // Outputs are convex combinations of |v| <= 1: f32 accumulation over <= 300
+            // positions stays far below 1e-5.
+            assert!(
+                worst < 2e-5,
+                "heads {n_head}/{n_head_kv} x {head_dim}, pos0 {pos0}, {n_tok} tokens, {splits} splits: max error {worst}"
+            );
+        }
+    }
+}
+
+#[test]
+fn add_swiglu_copy_row_match_cpu() {
+    let Some(g) = gpu("elementwise") else { return };
+    let mut r = Rng(7);
+    let n = 3 * 1537;
+    let (a, b) = (r.vec(n, 8.0), r.vec(n, 2.0));
+    let (da, db, out) = (g.buf(&a), g.buf(&b), g.zeros(n * 4));
+    let grid = (n.div_ceil(256) as u32, 1);
+    g.run(
+        &g.k.add,
+        grid,
+        256,
+        &[p(&da), p(&db), p(&out), Arg::I64(n as i64)],
+    );
+    let got: Vec<f32> = g.get(&out, n);
+    assert!(got
+        .iter()
+        .zip(a.iter().zip(&b))
+        .all(|(o, (x, y))| *o == x + y));
+    g.run(
+        &g.k.swiglu,
+        grid,
+        256,
+        &[p(&da), p(&db), p(&out), Arg::I64(n as i64)],
+    );
+    let got: Vec<f32> = g.get(&out, n);
+    let mut want = vec![0.0f32; n];
+    crate::exec::swiglu_row(&a, &b, &mut want);
+    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-6 * (1.0 + y.abs()) * 4.0,
+            "swiglu {i}: {x} vs {y}"
+        );
+    }
+    let out_row = g.zeros(1537 * 4);
+    g.run(
+        &g.k.copy_row,
+        (1537u32.div_ceil(256), 1),
+        256,
+        &[p(&da), p(&out_row), Arg::I32(1537), Arg::I32(2)],
+    );
+    let got: Vec<f32> = g.get(&out_row, 1537);
+    assert_eq!(&got[..], &a[2 * 1537..]);
+}
+
+#[test]
+fn argmax_matches_cpu_including_ties() {
+    let Some(g) = gpu("argmax") else { return };
+    let mut r = Rng(8);
+    let n = 49152 + 7;
+    let mut cases = Vec::new();
+    let x = r.vec(n, 10.0);
+    cases.push(x.clone());
+    let mut tie = x.clone();
+    tie[777] = 50.0;
+    tie[40000] = 50.0;
+    tie[12] = 50.0;
+    cases.push(tie);
+    let mut nan = x.clone();
+    nan[0] = f32::NAN;
+    nan[5] = f32::NAN;
+    cases.push(nan);
+    cases.push(vec![f32::NEG_INFINITY; 100]);
+    for (i, c) in cases.iter().enumerate() {
+        let dx = g.buf(c);
+        let params = g.params(0, &[0]);
+        g.run(
+            &g.k.argmax,
+            (1, 1),
+            1024,
+            &[p(&dx), Arg::I32(c.len() as i32), p(&params)],
+        );
+        let got: Vec<i32> = g.get(&params, 4);
+        assert_eq!(
+            got[PARAM_ARGMAX] as u32,
+            crate::sampling::argmax(c),
+            "case {i}"
+        );
+    }
+}
+
+/// A tiny Llama (2 layers, 128 wide, 4 heads of 32, 2 KV heads, separate output head) whose
+/// matrices are `ty`, with a byte-level GPT-2 vocabulary of 258 tokens.
+fn tiny_model(ty: GgmlType) -> crate::model::Model {
+    use crate::gguf::{Gguf, GgufWriter, MetaValue};
+    let (d, ff, n_vocab, kv) = (128u64, 256u64, 258u64, 64u64);
+    let mut tokens: Vec<String> = Vec::new();
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+        tokens.push(if printable {
+            char::from_u32(b).unwrap().to_string()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap().to_string()
+        });
+    }
+    tokens.push("he".into());
+    tokens.push("<|endoftext|>".into());
+    let mut types = vec![1i32; 257];
+    types.push(3);
+    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut w = GgufWriter::new();
+    w.add_str("general.architecture", "llama");
+    for (k, v) in [
+        ("block_count", 2),
+        ("context_length", 64),
+        ("embedding_length", d as u32),
+        ("feed_forward_length", ff as u32),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+    ] {
+        w.add_u32(&format!("llama.{k}"), v);
+    }
+    w.add_str("tokenizer.ggml.model", "gpt2")
+        .add_str("tokenizer.ggml.pre", "gpt-2")
+        .add_str_array("tokenizer.ggml.tokens", &refs)
+        .add_i32_array("tokenizer.ggml.token_type", &types)
+        .add(
+            "tokenizer.ggml.merges",
+            MetaValue::Array(vec![MetaValue::String("h e".into())]),
+        )
+        .add_u32("tokenizer.ggml.eos_token_id", 257);
+    let mut r = Rng(42);
+    let mut matrix = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64| {
+        let x = r.vec((cols * rows) as usize, 0.3);
+        w.add_tensor(name, &[cols, rows], ty, quantized(ty, &x, rows as usize));
+    };
+    let ones = |n: u64| {
+        (0..n)
+            .flat_map(|_| 1.0f32.to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    matrix(&mut w, "token_embd.weight", d, n_vocab);
+    for l in 0..2 {
+        w.add_tensor(
+            &format!("blk.{l}.attn_norm.weight"),
+            &[d],
+            GgmlType::F32,
+            ones(d),
+        );
+        matrix(&mut w, &format!("blk.{l}.attn_q.weight"), d, d);
+        matrix(&mut w, &format!("blk.{l}.attn_k.weight"), d, kv);
+        matrix(&mut w, &format!("blk.{l}.attn_v.weight"), d, kv);
+        matrix(&mut w, &format!("blk.{l}.attn_output.weight"), d, d);
+        w.add_tensor(
+            &format!("blk.{l}.ffn_norm.weight"),
+            &[d],
+            GgmlType::F32,
+            ones(d),
+        );
+        matrix(&mut w, &format!("blk.{l}.ffn_gate.weight"), d, ff);
+        matrix(&mut w, &format!("blk.{l}.ffn_up.weight"), d, ff);
+        matrix(&mut w, &format!("blk.{l}.ffn_down.weight"), ff, d);
+    }
+    w.add_tensor("output_norm.weight", &[d], GgmlType::F32, ones(d));
+    matrix(&mut w, "output.weight", d, n_vocab);
+    let g = Gguf::from_bytes(w.to_bytes()).expect("tiny gguf");
+    crate::model::Model::from_gguf(g).expect("tiny model")
+}
+
+/// Whole sessions, CPU against CUDA, on tiny models of every supported weight type: prefill
+/// (one chunk and chunks of 4), then decode steps (the replayed CUDA graph). Float weights keep
+/// activations in f32/f16 on both sides, so only summation order differs (tolerance 1e-3 of the
+/// logit range); quantized weights requantize activations to q8, where a value on a rounding
+/// boundary moves by one quant step (tolerance 3% of the range).
+#[test]
+fn whole_sessions_match_the_cpu_on_tiny_models() {
+    if gpu("tiny_sessions").is_none() {
+        return;
+    }
+    use crate::session::{Session, SessionConfig};
+    let prompt: Vec<u32> = vec![72, 101, 108, 108, 111, 32, 119, 111, 114];
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
+        let model = Arc::new(tiny_model(ty));
+        for ubatch in [None, Some(4)] {
+            let cfg = |device| SessionConfig {
+                ctx: Some(32),
+                ubatch,
+                threads: Some(1),
+                device,
+                ..Default::default()
+            };
+            let mut cpu_s = Session::new(model.clone(), &cfg(crate::device::Device::Cpu)).unwrap();
+            let mut gpu_s =
+                Session::new(model.clone(), &cfg(crate::device::Device::Cuda(0))).unwrap();
+            let rel = if matches!(ty, GgmlType::F32 | GgmlType::F16) {
+                1e-3
+            } else {
+                3e-2
+            };
+            let compare = |c: &[f32], g: &[f32], what: &str| {
+                let range = c.iter().fold(0f32, |m, x| m.max(x.abs())) + 1.0;
+                let worst = c
+                    .iter()
+                    .zip(g)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst <= rel * range,
+                    "{ty} ubatch {ubatch:?} {what}: max |cpu - gpu| {worst} (range {range})"
+                );
+            };
+            let c = cpu_s.prefill(&prompt).unwrap().to_vec();
+            let g = gpu_s.prefill(&prompt).unwrap().to_vec();
+            compare(&c, &g, "prefill");
+            assert_eq!(gpu_s.argmax().unwrap(), crate::sampling::argmax(&g));
+            // Decode the CPU's greedy tokens on both, so that the contexts stay identical.
+            let mut next = crate::sampling::argmax(&c);
+            for step in 0..6 {
+                let c = cpu_s.step(next).unwrap().to_vec();
+                let g = gpu_s.step(next).unwrap().to_vec();
+                compare(&c, &g, &format!("step {step}"));
+                next = crate::sampling::argmax(&c);
+            }
+        }
+    }
+}
+
+/// The fixture of `whole_sessions_match_the_cpu_on_tiny_models` is a valid model on the CPU
+/// (runs without a GPU, so a GPU run never fails for the fixture's sake).
+#[test]
+fn tiny_models_run_on_the_cpu() {
+    use crate::session::{Session, SessionConfig};
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
+        let model = Arc::new(tiny_model(ty));
+        let cfg = SessionConfig {
+            ctx: Some(32),
+            threads: Some(1),
+            ..Default::default()
+        };
+        let mut s = Session::new(model, &cfg).unwrap();
+        let logits = s.prefill(&[72, 101, 108]).unwrap();
+        assert_eq!(logits.len(), 258);
+        assert!(logits.iter().all(|x| x.is_finite()), "{ty}");
+        let spread = logits.iter().fold(f32::MIN, |m, &x| m.max(x))
+            - logits.iter().fold(f32::MAX, |m, &x| m.min(x));
+        assert!(spread > 0.1, "{ty}: flat logits {spread}");
+    }
+}

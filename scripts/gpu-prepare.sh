@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Prepares a GPU run on a machine without a Rust toolchain (run HERE, where cargo is): builds
+# `edge-run` and the CUDA test executables with `--features cuda`, and lays out in .gpu/:
+#
+#   .gpu/bin/         edge-run, the engine's unit tests (kernel tests: filter cuda::),
+#                     the cuda_reference end-to-end tests, synth_model (random 1.1B Q4_0 writer)
+#   .gpu/shared/      the reference files the tests read (layout of ../shared)
+#   .gpu/model.part1  the first 56 MiB of SmolLM2-135M-Instruct.Q4_1.gguf
+#   .gpu/model.part2  the rest
+#
+# Then scripts/gpu-run.sh runs there. Each transfer carries at most 64 MiB, so the model goes in
+# two calls: call 1 carries .gpu/model.part1 (stashed there by `gpu-run.sh stash`), call 2 the
+# rest. Sizes are printed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC="$(./scripts/install-nvcc.sh)"
+export NVCC
+./scripts/fetch-model.sh >/dev/null
+TARGET="${CARGO_TARGET_DIR:-target}"
+export CARGO_TARGET_DIR="$TARGET"
+cargo build --release --features cuda --bin edge-run --example synth_model -p edge-engine
+cargo test --release --features cuda --no-run --message-format=json \
+    -p edge-engine --lib -p edge-tests --test cuda_reference > "$TARGET/gpu-tests.json"
+rm -rf .gpu
+mkdir -p .gpu/bin .gpu/shared/reference/smollm2
+# The test executables: the engine's lib tests and the cuda_reference integration test.
+python3 - "$TARGET/gpu-tests.json" <<'PY'
+import json, shutil, sys
+found = {}
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    if not m["profile"].get("test"):
+        continue
+    t = m["target"]
+    name = {"edge_engine": "engine-unit-tests", "cuda_reference": "cuda-reference-tests"}.get(t["name"])
+    if name:
+        shutil.copy(m["executable"], ".gpu/bin/" + name)
+        found[name] = m["executable"]
+for want in ["engine-unit-tests", "cuda-reference-tests"]:
+    if want not in found:
+        sys.exit(f"gpu-prepare: no test executable for {want}")
+print("\n".join(f"{k} <- {v}" for k, v in found.items()))
+PY
+cp "$TARGET/release/edge-run" .gpu/bin/
+cp "$TARGET/release/examples/synth_model" .gpu/bin/
+strip .gpu/bin/*
+SHARED="${EDGE_RUN_SHARED:-../shared}"
+cp "$SHARED"/reference/smollm2/greedy.jsonl "$SHARED"/reference/smollm2/logits-top10.jsonl .gpu/shared/reference/smollm2/
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+# Part 1 is the larger (56 MiB, alone in call 1), so that call 2 (binaries + part 2) stays
+# well under 64 MiB.
+FIRST=$((56 * 1048576))
+head -c "$FIRST" "$MODEL" > .gpu/model.part1
+tail -c +"$((FIRST + 1))" "$MODEL" > .gpu/model.part2
+sha256sum "$MODEL" | cut -d' ' -f1 > .gpu/model.sha256
+du -sh .gpu/bin .gpu/shared .gpu/model.part1 .gpu/model.part2
+echo "call 1: $(du -cb .gpu/model.part1 | tail -1 | cut -f1) bytes; call 2: $(du -cb .gpu/bin .gpu/shared .gpu/model.part2 .gpu/model.sha256 | tail -1 | cut -f1) bytes (limit 67108864)"
+echo "call 1 carries: .gpu/model.part1  (command: bash scripts/gpu-run.sh stash)"
+echo "call 2 carries: .gpu/bin .gpu/shared .gpu/model.part2 .gpu/model.sha256  (command: bash scripts/gpu-run.sh)"

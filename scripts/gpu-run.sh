@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Runs the GPU checks on a machine with an NVIDIA GPU and no Rust toolchain, from what
+# scripts/gpu-prepare.sh put in .gpu/ (run from the repository root). Logs everything to
+# $OUT/gpu.log (default ./gpu-out/gpu.log) and ends with a summary of each step's exit status.
+#
+#   bash scripts/gpu-run.sh stash   call 1: keep .gpu/model.part1 outside the work tree
+#   bash scripts/gpu-run.sh         call 2: assemble the model, then every check below
+#
+# Checks: nvidia-smi; the kernel tests (every kernel against the CPU kernels) with the cubin and
+# with the PTX fallback; the end-to-end tests against llama.cpp's reference on --device cuda;
+# generation on each weight path; edge-run bench --device cuda on SmolLM2 (pp512, tg128, -r 3,
+# with and without CUDA graphs) and on a random 1.1B Q4_0 model written here. Expected 3-4
+# minutes; every step has its own time limit, so a hang costs that step only.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STASH=/tmp/edge-run-gpu
+mkdir -p "$STASH"
+if [ "${1:-}" = "stash" ]; then
+    cp .gpu/model.part1 "$STASH/model.part1" && ls -la "$STASH"
+    exit $?
+fi
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu.log"
+: > "$LOG"
+log() { echo "$*" | tee -a "$LOG"; }
+SUMMARY=()
+# step NAME TIMEOUT_S CMD...: runs CMD with a time limit, output to the log, records the status.
+step() {
+    local name="$1" limit="$2"
+    shift 2
+    log ""
+    log "=== $name: $* ($(date -u +%H:%M:%S))"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >> "$LOG" 2>&1
+    local rc=$?
+    log "=== $name: exit $rc in $((SECONDS - t0)) s"
+    SUMMARY+=("$name: exit $rc ($((SECONDS - t0)) s)")
+}
+
+# The driver library: cudarc loads libcuda.so at run time.
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 /usr/local/cuda/compat /usr/lib64; do
+    if ls "$d"/libcuda.so* >/dev/null 2>&1; then
+        export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        log "libcuda found in $d"
+    fi
+done
+
+# The model: part 1 from call 1's stash (or .gpu/ if it is still there), part 2 from this call.
+MODEL="$STASH/SmolLM2-135M-Instruct.Q4_1.gguf"
+P1=.gpu/model.part1
+[ -f "$P1" ] || P1="$STASH/model.part1"
+if [ -f "$P1" ] && [ -f .gpu/model.part2 ]; then
+    cat "$P1" .gpu/model.part2 > "$MODEL"
+fi
+if [ -f .gpu/model.sha256 ] && [ "$(sha256sum "$MODEL" 2>/dev/null | cut -d' ' -f1)" != "$(cat .gpu/model.sha256)" ]; then
+    log "model: checksum mismatch or missing parts (part1 at $P1?): the end-to-end steps will fail"
+else
+    log "model: $MODEL ($(stat -c %s "$MODEL") bytes, checksum ok)"
+fi
+export EDGE_RUN_MODEL="$MODEL"
+export EDGE_RUN_SHARED="$PWD/.gpu/shared"
+BIN="$PWD/.gpu/bin"
+chmod +x "$BIN"/* 2>/dev/null
+
+step nvidia-smi 30 nvidia-smi
+step kernel-tests 90 "$BIN/engine-unit-tests" cuda:: device:: --nocapture
+step kernel-tests-ptx 90 env EDGE_RUN_CUDA_MODULE=ptx "$BIN/engine-unit-tests" cuda::tests:: --nocapture
+step cuda-reference 180 "$BIN/cuda-reference-tests" --nocapture --test-threads=1
+# Greedy generation: every weight path and the eager (no CUDA graph) decode must print the same
+# text (same kernels on the same bytes); the CPU's may differ at near-ties.
+gen() {
+    local name="$1"
+    shift
+    step "generate-$name" 45 sh -c '"$@" > "$0" && cat "$0"' "$OUT/gen-$name.txt" \
+        "$BIN/edge-run" "$MODEL" -p "The capital of France is" -n 32 --temp 0 "$@"
+}
+export RUST_LOG=info
+gen upload --device cuda
+EDGE_RUN_CUDA_GRAPHS=0 gen nographs --device cuda
+EDGE_RUN_CUDA_WEIGHTS=register gen register --device cuda
+EDGE_RUN_CUDA_WEIGHTS=managed gen managed --device cuda
+gen cpu --device cpu
+unset RUST_LOG
+for v in nographs register managed cpu; do
+    if cmp -s "$OUT/gen-upload.txt" "$OUT/gen-$v.txt"; then same=same; else same=DIFFERENT; fi
+    log "generated text, upload vs $v: $same"
+    SUMMARY+=("generated text upload vs $v: $same")
+done
+step plan-cuda 20 "$BIN/edge-run" plan "$MODEL" --device cuda
+step bench-smollm2 120 "$BIN/edge-run" bench "$MODEL" -p 512 -n 128 -r 3 --device cuda
+step bench-smollm2-nographs 90 env EDGE_RUN_CUDA_GRAPHS=0 "$BIN/edge-run" bench "$MODEL" -p 512 -n 128 -r 2 --device cuda
+step bench-smollm2-cpu 60 "$BIN/edge-run" bench "$MODEL" -p 128 -n 32 -r 1 --device cpu
+SYNTH="$STASH/synth-1b-q4_0.gguf"
+step synth-model 60 "$BIN/synth_model" "$MODEL" "$SYNTH"
+step bench-synth-1b 150 "$BIN/edge-run" bench "$SYNTH" -p 512 -n 128 -r 3 --device cuda
+rm -f "$SYNTH"
+
+log ""
+log "=== summary"
+for s in "${SUMMARY[@]}"; do log "$s"; done
+grep -E "test result|teacher-forced|cuda greedy|decode vs prefill|skipped|\| .*(pp|tg)[0-9]+ " "$LOG" | tee "$OUT/summary.txt"
