@@ -91,7 +91,6 @@ impl GenerateOptions {
 
 /// Why generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum StopReason {
     /// [`GenerateOptions::max_tokens`] tokens were generated.
     MaxTokens,
@@ -196,7 +195,11 @@ impl Session {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn generator(&mut self, prompt: &[u32], options: &GenerateOptions) -> Result<Generator<'_>> {
+    pub fn generator(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+    ) -> Result<Generator<'_>> {
         options
             .sampling
             .validate()

@@ -130,7 +130,9 @@ fn generation_stops_for_each_reason_and_continues() {
     // last token, which is sampled from the logits of the last position and stays pending.
     let mut small = session(&model, prompt.len() + 2);
     let done = small
-        .generate(&prompt, &GenerateOptions::greedy(20), |_| ControlFlow::Continue(()))
+        .generate(&prompt, &GenerateOptions::greedy(20), |_| {
+            ControlFlow::Continue(())
+        })
         .unwrap();
     assert_eq!(done.stop_reason, StopReason::ContextFull);
     assert_eq!(done.n_tokens, 3);
@@ -139,7 +141,9 @@ fn generation_stops_for_each_reason_and_continues() {
     // max_tokens 0 processes the prompt only; an empty prompt then continues from it.
     small.reset();
     let done = small
-        .generate(&prompt, &GenerateOptions::greedy(0), |_| ControlFlow::Continue(()))
+        .generate(&prompt, &GenerateOptions::greedy(0), |_| {
+            ControlFlow::Continue(())
+        })
         .unwrap();
     assert_eq!(done.stop_reason, StopReason::MaxTokens);
     assert_eq!((done.n_tokens, small.n_past()), (0, prompt.len()));
