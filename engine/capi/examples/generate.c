@@ -6,7 +6,7 @@
  *
  * Build (from the repository root, after `cargo build --release -p edge-run-capi`):
  *   cc -Iengine/capi/include engine/capi/examples/generate.c target/release/libedgerun.a \
- *      -lpthread -ldl -lm -o generate
+ *      -lpthread -ldl -lm -lrt -o generate
  * or against the shared library:
  *   cc -Iengine/capi/include engine/capi/examples/generate.c -Ltarget/release -ledgerun \
  *      -Wl,-rpath,$PWD/target/release -o generate

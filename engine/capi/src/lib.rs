@@ -897,3 +897,40 @@ pub unsafe extern "C" fn edgerun_generate(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_its_message() {
+        let status = guard("edgerun_test", || panic!("boom"));
+        assert_eq!(status, EDGERUN_ERR_INTERNAL);
+        // SAFETY: the library returns a valid NUL-terminated string.
+        let message = unsafe { CStr::from_ptr(edgerun_last_error_message()) };
+        let message = message.to_str().unwrap();
+        assert!(
+            message.starts_with("edgerun_test: internal error: boom"),
+            "{message}"
+        );
+        assert_eq!(
+            guard_value("edgerun_test", 7, || -> i32 { panic!("again") }),
+            7
+        );
+    }
+
+    #[test]
+    fn messages_are_per_thread_and_never_cut_by_a_nul() {
+        set_last_error("a\0b");
+        std::thread::spawn(|| {
+            // SAFETY: as above.
+            let other = unsafe { CStr::from_ptr(edgerun_last_error_message()) };
+            assert_eq!(other.to_bytes(), b"");
+        })
+        .join()
+        .unwrap();
+        // SAFETY: as above.
+        let message = unsafe { CStr::from_ptr(edgerun_last_error_message()) };
+        assert_eq!(message.to_bytes(), b"ab");
+    }
+}
