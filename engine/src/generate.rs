@@ -137,7 +137,8 @@ impl Session {
     /// An empty `prompt` continues from the logits of the last prefill/step. Errors (a prompt
     /// that does not fit the context, an out-of-vocabulary id, bad sampler settings) are
     /// returned before anything is generated; a full context during generation is a stop
-    /// reason, not an error.
+    /// reason, not an error. Each call starts a fresh sampler from `options` (so a seed
+    /// reproduces its tokens); the repetition penalty sees this call's prompt and output.
     pub fn generate<F>(
         &mut self,
         prompt: &[u32],
