@@ -28,7 +28,7 @@
 #define EDGERUN_KV_Q8_0 1
 
 // What a call returns: `EDGERUN_OK` or the kind of failure; the message is in
-// [`edgerun_last_error_message`].
+// `edgerun_last_error_message`.
 typedef enum edgerun_status {
   // Success.
   EDGERUN_OK = 0,
@@ -51,7 +51,7 @@ typedef enum edgerun_status {
   EDGERUN_ERR_INTERNAL = 8,
 } edgerun_status;
 
-// Why [`edgerun_generate`] stopped.
+// Why `edgerun_generate` stopped.
 typedef enum edgerun_stop_reason {
   // `max_tokens` tokens were generated.
   EDGERUN_STOP_MAX_TOKENS = 0,
@@ -71,7 +71,7 @@ typedef struct edgerun_model edgerun_model;
 typedef struct edgerun_session edgerun_session;
 
 // How to size a session; 0 in a field means its default. Get the defaults from
-// [`edgerun_session_params_default`].
+// `edgerun_session_params_default`.
 typedef struct edgerun_session_params {
   // Context size in tokens (KV cache positions); 0: min(4096, the model's trained context).
   uint32_t n_ctx;
@@ -83,7 +83,7 @@ typedef struct edgerun_session_params {
   uint32_t kv_type;
 } edgerun_session_params;
 
-// Sampler settings. [`edgerun_sampling_params_default`] gives llama.cpp's defaults; a
+// Sampler settings. `edgerun_sampling_params_default` gives llama.cpp's defaults; a
 // temperature of 0 is greedy decoding. The same settings and seed give the same tokens.
 typedef struct edgerun_sampling_params {
   // Softmax temperature; 0 = greedy (argmax).
@@ -102,7 +102,7 @@ typedef struct edgerun_sampling_params {
   uint64_t seed;
 } edgerun_sampling_params;
 
-// What [`edgerun_generate`] does; get the defaults from [`edgerun_generate_params_default`].
+// What `edgerun_generate` does; get the defaults from `edgerun_generate_params_default`.
 typedef struct edgerun_generate_params {
   // Most tokens to generate; 0 only processes the prompt.
   uint32_t max_tokens;
@@ -114,7 +114,7 @@ typedef struct edgerun_generate_params {
   bool render_special;
 } edgerun_generate_params;
 
-// Called by [`edgerun_generate`] for every generated token with the text it completes
+// Called by `edgerun_generate` for every generated token with the text it completes
 // (`len` bytes of UTF-8, NUL-terminated, possibly empty; valid only during the call). Return
 // true to continue, false to stop. If generation ends with bytes of an incomplete character
 // held back, a last call passes `token` = `EDGERUN_TOKEN_NONE` and their lossy text; its
@@ -122,7 +122,7 @@ typedef struct edgerun_generate_params {
 // out of itself, and must not use the session it was called for.
 typedef bool (*edgerun_token_callback)(void *user_data, uint32_t token, const char *text, size_t len);
 
-// What [`edgerun_generate`] did.
+// What `edgerun_generate` did.
 typedef struct edgerun_generate_result {
   // Why it stopped.
   enum edgerun_stop_reason stop_reason;
@@ -146,7 +146,7 @@ const char *edgerun_version(void);
 const char *edgerun_last_error_message(void);
 
 // Loads a GGUF model: maps the file and validates its metadata, tensors and tokenizer. On
-// success `*out_model` is the handle (free it with [`edgerun_model_free`]); on failure it is
+// success `*out_model` is the handle (free it with `edgerun_model_free`); on failure it is
 // set to NULL.
 //
 // # Safety
@@ -157,7 +157,7 @@ enum edgerun_status edgerun_model_load(const char *path, struct edgerun_model **
 // memory is released when the last of them is freed too.
 //
 // # Safety
-// `model` is NULL or a handle from [`edgerun_model_load`] not freed before, and no other
+// `model` is NULL or a handle from `edgerun_model_load` not freed before, and no other
 // thread uses it during or after the call.
 void edgerun_model_free(struct edgerun_model *model);
 
@@ -216,10 +216,10 @@ enum edgerun_status edgerun_detokenize(const struct edgerun_model *model,
 
 // Writes the bytes of one token (possibly part of a UTF-8 character, as tokens split
 // characters), NUL-terminated, into `buf` and their count into `*out_len`, like
-// [`edgerun_detokenize`]. Control tokens give nothing unless `special`.
+// `edgerun_detokenize`. Control tokens give nothing unless `special`.
 //
 // # Safety
-// As for [`edgerun_detokenize`].
+// As for `edgerun_detokenize`.
 enum edgerun_status edgerun_token_to_piece(const struct edgerun_model *model,
                                            uint32_t token,
                                            bool special,
@@ -232,7 +232,7 @@ struct edgerun_session_params edgerun_session_params_default(void);
 
 // Opens a session on `model` (`params` NULL: the defaults), allocating its KV cache, arena and
 // threads once. On success `*out_session` is the handle (free it with
-// [`edgerun_session_free`]); on failure it is set to NULL. The session keeps the model alive.
+// `edgerun_session_free`); on failure it is set to NULL. The session keeps the model alive.
 //
 // # Safety
 // `model` is NULL or a live model handle; `params` is NULL or readable; `out_session` is NULL
@@ -245,7 +245,7 @@ enum edgerun_status edgerun_session_new(const struct edgerun_model *model,
 // this returns.
 //
 // # Safety
-// `session` is NULL or a handle from [`edgerun_session_new`] not freed before, and no other
+// `session` is NULL or a handle from `edgerun_session_new` not freed before, and no other
 // thread uses it during or after the call.
 void edgerun_session_free(struct edgerun_session *session);
 
@@ -268,7 +268,7 @@ uint32_t edgerun_session_n_past(struct edgerun_session *session);
 uint32_t edgerun_session_n_ctx(struct edgerun_session *session);
 
 // Appends `n_tokens` tokens to the context (in chunks of the ubatch); their logits are then
-// those of [`edgerun_logits`]. Fails with `EDGERUN_ERR_CONTEXT_FULL` if they do not fit, with
+// those of `edgerun_logits`. Fails with `EDGERUN_ERR_CONTEXT_FULL` if they do not fit, with
 // nothing processed.
 //
 // # Safety
@@ -278,7 +278,7 @@ enum edgerun_status edgerun_prefill(struct edgerun_session *session,
                                     const uint32_t *tokens,
                                     size_t n_tokens);
 
-// Appends one token; the logits for the next are then those of [`edgerun_logits`].
+// Appends one token; the logits for the next are then those of `edgerun_logits`.
 //
 // # Safety
 // `session` is NULL or a live session handle used by no other thread during the call.
@@ -306,7 +306,7 @@ struct edgerun_generate_params edgerun_generate_params_default(void);
 // Prefills `prompt` (`n_prompt` tokens, appended to the context; 0 continues from the last
 // logits) and generates until `max_tokens`, an end-of-generation token, a full context, or
 // `callback` returning false, calling `callback(user_data, token, text, len)` for every token
-// (`callback` may be NULL). `params` NULL means [`edgerun_generate_params_default`]. What
+// (`callback` may be NULL). `params` NULL means `edgerun_generate_params_default`. What
 // happened is written to `*out_result` (may be NULL). A full context while generating is a
 // stop reason, not an error; a prompt that does not fit is `EDGERUN_ERR_CONTEXT_FULL`.
 //
@@ -314,7 +314,7 @@ struct edgerun_generate_params edgerun_generate_params_default(void);
 // `session` is NULL or a live session handle used by no other thread during the call;
 // `prompt` is NULL or points to `n_prompt` ids; `params` is NULL or a readable struct whose
 // bools are 0 or 1; `callback` is NULL or a function that behaves as
-// [`edgerun_token_callback`] says; `out_result` is NULL or writable.
+// `edgerun_token_callback` says; `out_result` is NULL or writable.
 enum edgerun_status edgerun_generate(struct edgerun_session *session,
                                      const uint32_t *prompt,
                                      size_t n_prompt,

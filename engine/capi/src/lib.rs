@@ -2,12 +2,12 @@
 //!
 //! The C side sees opaque handles — a model, loaded once and shared by any number of sessions
 //! (on any threads), and sessions, each one conversation's KV cache and arena, used by one
-//! thread at a time — and functions that return an [`edgerun_status`]. On failure
-//! [`edgerun_last_error_message`] says what went wrong, on the calling thread.
+//! thread at a time — and functions that return an `edgerun_status`. On failure
+//! `edgerun_last_error_message` says what went wrong, on the calling thread.
 //!
 //! Rules every entry point keeps: no panic crosses the boundary (each call runs under
-//! `catch_unwind`; a panic is a bug reported as [`edgerun_status::EDGERUN_ERR_INTERNAL`]), a
-//! null pointer or a string that is not UTF-8 is an [`edgerun_status::EDGERUN_ERR_INVALID_ARGUMENT`],
+//! `catch_unwind`; a panic is a bug reported as `edgerun_status::EDGERUN_ERR_INTERNAL`), a
+//! null pointer or a string that is not UTF-8 is an `edgerun_status::EDGERUN_ERR_INVALID_ARGUMENT`,
 //! never undefined behaviour, and an output handle is set to NULL when the call fails.
 //! What the C caller must keep is written in each function's `# Safety` section: pointers it
 //! passes point to what they claim (or are NULL), and a handle is not used after it is freed.
@@ -36,7 +36,7 @@ use edge_engine::sampling::SamplerConfig;
 use edge_engine::session::{Session, SessionConfig};
 
 /// What a call returns: `EDGERUN_OK` or the kind of failure; the message is in
-/// [`edgerun_last_error_message`].
+/// `edgerun_last_error_message`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum edgerun_status {
@@ -63,7 +63,7 @@ pub enum edgerun_status {
 
 use edgerun_status::*;
 
-/// Why [`edgerun_generate`] stopped.
+/// Why `edgerun_generate` stopped.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum edgerun_stop_reason {
@@ -99,7 +99,7 @@ pub struct edgerun_session {
 }
 
 /// How to size a session; 0 in a field means its default. Get the defaults from
-/// [`edgerun_session_params_default`].
+/// `edgerun_session_params_default`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct edgerun_session_params {
@@ -113,7 +113,7 @@ pub struct edgerun_session_params {
     pub kv_type: u32,
 }
 
-/// Sampler settings. [`edgerun_sampling_params_default`] gives llama.cpp's defaults; a
+/// Sampler settings. `edgerun_sampling_params_default` gives llama.cpp's defaults; a
 /// temperature of 0 is greedy decoding. The same settings and seed give the same tokens.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -134,7 +134,7 @@ pub struct edgerun_sampling_params {
     pub seed: u64,
 }
 
-/// What [`edgerun_generate`] does; get the defaults from [`edgerun_generate_params_default`].
+/// What `edgerun_generate` does; get the defaults from `edgerun_generate_params_default`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct edgerun_generate_params {
@@ -148,7 +148,7 @@ pub struct edgerun_generate_params {
     pub render_special: bool,
 }
 
-/// What [`edgerun_generate`] did.
+/// What `edgerun_generate` did.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct edgerun_generate_result {
@@ -162,7 +162,7 @@ pub struct edgerun_generate_result {
     pub pending_token: u32,
 }
 
-/// Called by [`edgerun_generate`] for every generated token with the text it completes
+/// Called by `edgerun_generate` for every generated token with the text it completes
 /// (`len` bytes of UTF-8, NUL-terminated, possibly empty; valid only during the call). Return
 /// true to continue, false to stop. If generation ends with bytes of an incomplete character
 /// held back, a last call passes `token` = `EDGERUN_TOKEN_NONE` and their lossy text; its
@@ -184,7 +184,7 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// A failed call: the status and the message for [`edgerun_last_error_message`].
+/// A failed call: the status and the message for `edgerun_last_error_message`.
 struct Failure {
     status: edgerun_status,
     message: String,
@@ -252,7 +252,7 @@ fn guard(name: &str, body: impl FnOnce() -> Result<(), Failure>) -> edgerun_stat
     }
 }
 
-/// Like [`guard`] for functions that return a value instead of a status: a panic gives
+/// Like `guard` for functions that return a value instead of a status: a panic gives
 /// `fallback` (and sets the message).
 fn guard_value<T>(name: &str, fallback: T, body: impl FnOnce() -> T) -> T {
     let mut out = None;
@@ -268,7 +268,7 @@ fn guard_value<T>(name: &str, fallback: T, body: impl FnOnce() -> T) -> T {
 /// The model behind `model`, or an error if it is NULL.
 ///
 /// # Safety
-/// `model` is NULL or a live handle from [`edgerun_model_load`].
+/// `model` is NULL or a live handle from `edgerun_model_load`.
 unsafe fn model_ref<'a>(model: *const edgerun_model) -> Result<&'a edgerun_model, Failure> {
     // SAFETY: non-NULL handles are live boxes from `edgerun_model_load` (the caller's promise);
     // a model is only read, so shared references from several threads are fine.
@@ -278,7 +278,7 @@ unsafe fn model_ref<'a>(model: *const edgerun_model) -> Result<&'a edgerun_model
 /// The session behind `session`, or an error if it is NULL.
 ///
 /// # Safety
-/// `session` is NULL or a live handle from [`edgerun_session_new`], not used by another
+/// `session` is NULL or a live handle from `edgerun_session_new`, not used by another
 /// thread during the call.
 unsafe fn session_mut<'a>(
     session: *mut edgerun_session,
@@ -388,7 +388,7 @@ pub extern "C" fn edgerun_last_error_message() -> *const c_char {
 // ---- model ----
 
 /// Loads a GGUF model: maps the file and validates its metadata, tensors and tokenizer. On
-/// success `*out_model` is the handle (free it with [`edgerun_model_free`]); on failure it is
+/// success `*out_model` is the handle (free it with `edgerun_model_free`); on failure it is
 /// set to NULL.
 ///
 /// # Safety
@@ -420,7 +420,7 @@ pub unsafe extern "C" fn edgerun_model_load(
 /// memory is released when the last of them is freed too.
 ///
 /// # Safety
-/// `model` is NULL or a handle from [`edgerun_model_load`] not freed before, and no other
+/// `model` is NULL or a handle from `edgerun_model_load` not freed before, and no other
 /// thread uses it during or after the call.
 #[no_mangle]
 pub unsafe extern "C" fn edgerun_model_free(model: *mut edgerun_model) {
@@ -561,10 +561,10 @@ pub unsafe extern "C" fn edgerun_detokenize(
 
 /// Writes the bytes of one token (possibly part of a UTF-8 character, as tokens split
 /// characters), NUL-terminated, into `buf` and their count into `*out_len`, like
-/// [`edgerun_detokenize`]. Control tokens give nothing unless `special`.
+/// `edgerun_detokenize`. Control tokens give nothing unless `special`.
 ///
 /// # Safety
-/// As for [`edgerun_detokenize`].
+/// As for `edgerun_detokenize`.
 #[no_mangle]
 pub unsafe extern "C" fn edgerun_token_to_piece(
     model: *const edgerun_model,
@@ -603,7 +603,7 @@ pub extern "C" fn edgerun_session_params_default() -> edgerun_session_params {
 
 /// Opens a session on `model` (`params` NULL: the defaults), allocating its KV cache, arena and
 /// threads once. On success `*out_session` is the handle (free it with
-/// [`edgerun_session_free`]); on failure it is set to NULL. The session keeps the model alive.
+/// `edgerun_session_free`); on failure it is set to NULL. The session keeps the model alive.
 ///
 /// # Safety
 /// `model` is NULL or a live model handle; `params` is NULL or readable; `out_session` is NULL
@@ -657,7 +657,7 @@ pub unsafe extern "C" fn edgerun_session_new(
 /// this returns.
 ///
 /// # Safety
-/// `session` is NULL or a handle from [`edgerun_session_new`] not freed before, and no other
+/// `session` is NULL or a handle from `edgerun_session_new` not freed before, and no other
 /// thread uses it during or after the call.
 #[no_mangle]
 pub unsafe extern "C" fn edgerun_session_free(session: *mut edgerun_session) {
@@ -714,7 +714,7 @@ pub unsafe extern "C" fn edgerun_session_n_ctx(session: *mut edgerun_session) ->
 }
 
 /// Appends `n_tokens` tokens to the context (in chunks of the ubatch); their logits are then
-/// those of [`edgerun_logits`]. Fails with `EDGERUN_ERR_CONTEXT_FULL` if they do not fit, with
+/// those of `edgerun_logits`. Fails with `EDGERUN_ERR_CONTEXT_FULL` if they do not fit, with
 /// nothing processed.
 ///
 /// # Safety
@@ -734,7 +734,7 @@ pub unsafe extern "C" fn edgerun_prefill(
     })
 }
 
-/// Appends one token; the logits for the next are then those of [`edgerun_logits`].
+/// Appends one token; the logits for the next are then those of `edgerun_logits`.
 ///
 /// # Safety
 /// `session` is NULL or a live session handle used by no other thread during the call.
@@ -827,7 +827,7 @@ fn options_from(p: &edgerun_generate_params) -> GenerateOptions {
 /// Prefills `prompt` (`n_prompt` tokens, appended to the context; 0 continues from the last
 /// logits) and generates until `max_tokens`, an end-of-generation token, a full context, or
 /// `callback` returning false, calling `callback(user_data, token, text, len)` for every token
-/// (`callback` may be NULL). `params` NULL means [`edgerun_generate_params_default`]. What
+/// (`callback` may be NULL). `params` NULL means `edgerun_generate_params_default`. What
 /// happened is written to `*out_result` (may be NULL). A full context while generating is a
 /// stop reason, not an error; a prompt that does not fit is `EDGERUN_ERR_CONTEXT_FULL`.
 ///
@@ -835,7 +835,7 @@ fn options_from(p: &edgerun_generate_params) -> GenerateOptions {
 /// `session` is NULL or a live session handle used by no other thread during the call;
 /// `prompt` is NULL or points to `n_prompt` ids; `params` is NULL or a readable struct whose
 /// bools are 0 or 1; `callback` is NULL or a function that behaves as
-/// [`edgerun_token_callback`] says; `out_result` is NULL or writable.
+/// `edgerun_token_callback` says; `out_result` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn edgerun_generate(
     session: *mut edgerun_session,
