@@ -245,7 +245,50 @@ impl Model {
             .map(|w| self.gguf.tensors()[w.tensor_index].n_bytes)
             .sum()
     }
+
+    /// Tokenizes `text` with the model's tokenizer. `add_special`: add BOS/EOS as the model's
+    /// metadata says (what a prompt that starts a conversation needs); `parse_special`:
+    /// special-token text such as `<|im_start|>` becomes its token instead of plain text.
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        Ok(self.tokenizer.encode(text, add_special, parse_special)?)
+    }
+
+    /// The text of `tokens`; invalid UTF-8 becomes U+FFFD. `special`: render control tokens
+    /// (`<|im_end|>`) as their text; without it they are left out, as llama.cpp's detokenizer
+    /// does by default. Ids outside the vocabulary render to nothing.
+    pub fn detokenize(&self, tokens: &[u32], special: bool) -> String {
+        let mut bytes = Vec::new();
+        for &t in tokens {
+            bytes.extend_from_slice(self.token_piece(t, special));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The bytes token `id` renders to (possibly part of a UTF-8 character); empty for ids
+    /// outside the vocabulary, and for control tokens unless `special`. Does not allocate.
+    pub fn token_piece(&self, id: u32, special: bool) -> &[u8] {
+        if !special && self.tokenizer.is_control(id) {
+            return &[];
+        }
+        self.tokenizer.piece(id)
+    }
+
+    /// Whether generation ends at token `id` (EOS, end of turn, ...).
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.tokenizer.is_eog(id)
+    }
+
+    /// Vocabulary size: valid token ids are `0..n_vocab()`.
+    pub fn n_vocab(&self) -> usize {
+        self.params.n_vocab
+    }
 }
+
+// A model is loaded once and shared read-only by sessions on any thread: keep it so.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Model>();
+};
 
 /// Looks up a tensor, checks its shape (ggml order) and that kernels exist for its type, and
 /// appends it to the weight table.

@@ -41,8 +41,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The counter is global: tests that count take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn decoding_allocates_nothing_per_token() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let model = Arc::new(Model::load(edge_tests::smollm2_path()).unwrap());
     let tok = &model.tokenizer;
     for threads in [1, 2] {
@@ -90,4 +94,46 @@ fn decoding_allocates_nothing_per_token() {
         assert!(bytes > 0, "some text was produced");
         assert_eq!(n, 0, "{threads} threads: {n} heap allocations in 40 tokens");
     }
+}
+
+/// The same through the library's generation API: each `next` of the generator (a decode step,
+/// sampling and the streamed text) allocates nothing.
+#[test]
+fn generation_api_allocates_nothing_per_token() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = Arc::new(Model::load(edge_tests::smollm2_path()).unwrap());
+    let cfg = SessionConfig {
+        ctx: Some(256),
+        threads: Some(2),
+        ..Default::default()
+    };
+    let mut session = Session::new(model.clone(), &cfg).unwrap();
+    let prompt = model
+        .tokenize(
+            "Once upon a time, there was a little robot who",
+            false,
+            true,
+        )
+        .unwrap();
+    let options = edge_engine::generate::GenerateOptions {
+        max_tokens: 100,
+        stop_at_eog: false,
+        ..Default::default()
+    };
+    let mut gen = session.generator(&prompt, &options).unwrap();
+    // Warm-up tokens (lazy initialisations), as above.
+    for _ in 0..2 {
+        gen.next().unwrap().unwrap();
+    }
+    ALLOCATIONS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    let mut bytes = 0usize;
+    for _ in 0..40 {
+        gen.next().unwrap().unwrap();
+        bytes += gen.text().len();
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    let n = ALLOCATIONS.load(Ordering::SeqCst);
+    assert!(bytes > 0, "some text was produced");
+    assert_eq!(n, 0, "{n} heap allocations in 40 generated tokens");
 }

@@ -1,0 +1,942 @@
+//! edge-run's C API: `libedgerun` (static and shared) and its header `include/edgerun.h`.
+//!
+//! The C side sees opaque handles — a model, loaded once and shared by any number of sessions
+//! (on any threads), and sessions, each one conversation's KV cache and arena, used by one
+//! thread at a time — and functions that return an `edgerun_status`. On failure
+//! `edgerun_last_error_message` says what went wrong, on the calling thread.
+//!
+//! Rules every entry point keeps: no panic crosses the boundary (each call runs under
+//! `catch_unwind`; a panic is a bug reported as `edgerun_status::EDGERUN_ERR_INTERNAL`), a
+//! null pointer or a string that is not UTF-8 is an `edgerun_status::EDGERUN_ERR_INVALID_ARGUMENT`,
+//! never undefined behaviour, and an output handle is set to NULL when the call fails.
+//! What the C caller must keep is written in each function's `# Safety` section: pointers it
+//! passes point to what they claim (or are NULL), and a handle is not used after it is freed.
+//!
+//! The header is generated from this file by cbindgen (config `cbindgen.toml`) and committed;
+//! the test `header_is_up_to_date` fails when it is stale, and
+//! `EDGERUN_BLESS=1 cargo test -p edge-run-capi --test c_api header` rewrites it.
+
+// The exported names are C's: `edgerun_model`, `EDGERUN_OK`.
+#![allow(non_camel_case_types)]
+// Every unsafe operation sits in its own block with the invariant it relies on.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::ops::ControlFlow;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use edge_engine::error::EngineError;
+use edge_engine::exec::KvType;
+use edge_engine::generate::{GenerateOptions, StopReason};
+use edge_engine::gguf::GgufError;
+use edge_engine::model::Model;
+use edge_engine::sampling::SamplerConfig;
+use edge_engine::session::{Session, SessionConfig};
+
+/// What a call returns: `EDGERUN_OK` or the kind of failure; the message is in
+/// `edgerun_last_error_message`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum edgerun_status {
+    /// Success.
+    EDGERUN_OK = 0,
+    /// A bad argument: a NULL pointer, a string that is not UTF-8, a value out of range, a token
+    /// id outside the vocabulary, bad sampler settings.
+    EDGERUN_ERR_INVALID_ARGUMENT = 1,
+    /// The model file could not be opened or read.
+    EDGERUN_ERR_IO = 2,
+    /// The model file is malformed, or its architecture or tensor types are not supported.
+    EDGERUN_ERR_MODEL = 3,
+    /// The tokenizer failed (bad tokenizer metadata, or text it cannot tokenize).
+    EDGERUN_ERR_TOKENIZER = 4,
+    /// The tokens do not fit in the session's context.
+    EDGERUN_ERR_CONTEXT_FULL = 5,
+    /// The session's memory could not be allocated (or exceeds a budget).
+    EDGERUN_ERR_OUT_OF_MEMORY = 6,
+    /// An output buffer is too small; the size needed was written to the length output.
+    EDGERUN_ERR_BUFFER_TOO_SMALL = 7,
+    /// A bug in edge-run (a caught panic, an internal check): please report the message.
+    EDGERUN_ERR_INTERNAL = 8,
+    /// The compute device failed or is missing (e.g. CUDA asked for on a build or machine
+    /// without it).
+    EDGERUN_ERR_DEVICE = 9,
+}
+
+use edgerun_status::*;
+
+/// Why `edgerun_generate` stopped.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum edgerun_stop_reason {
+    /// `max_tokens` tokens were generated.
+    EDGERUN_STOP_MAX_TOKENS = 0,
+    /// The model produced an end-of-generation token (EOS, end of turn); it was not emitted.
+    EDGERUN_STOP_END_OF_GENERATION = 1,
+    /// The callback returned false.
+    EDGERUN_STOP_STOPPED = 2,
+    /// The context is full.
+    EDGERUN_STOP_CONTEXT_FULL = 3,
+}
+
+/// "No token": the token of the callback's final flush, and a result's `pending_token` when
+/// there is none.
+pub const EDGERUN_TOKEN_NONE: u32 = u32::MAX;
+/// KV cache of f16 values (llama.cpp's default; outputs identical to llama.cpp's).
+pub const EDGERUN_KV_F16: u32 = 0;
+/// KV cache of q8_0 blocks (47% smaller, slightly different outputs).
+pub const EDGERUN_KV_Q8_0: u32 = 1;
+
+/// A loaded model (opaque). Thread-safe: any number of sessions on any threads may share it.
+pub struct edgerun_model {
+    model: Arc<Model>,
+}
+
+/// A session (opaque): one conversation's KV cache, arena and threads. Use it from one thread
+/// at a time.
+pub struct edgerun_session {
+    session: Session,
+    /// The text handed to the callback, NUL-terminated; reused so a token allocates nothing.
+    text: Vec<u8>,
+}
+
+/// How to size a session; 0 in a field means its default. Get the defaults from
+/// `edgerun_session_params_default`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct edgerun_session_params {
+    /// Context size in tokens (KV cache positions); 0: min(4096, the model's trained context).
+    pub n_ctx: u32,
+    /// Prompt tokens per forward pass; 0: min(512, n_ctx).
+    pub n_ubatch: u32,
+    /// Threads; 0: the available cores.
+    pub n_threads: u32,
+    /// `EDGERUN_KV_F16` or `EDGERUN_KV_Q8_0`.
+    pub kv_type: u32,
+}
+
+/// Sampler settings. `edgerun_sampling_params_default` gives llama.cpp's defaults; a
+/// temperature of 0 is greedy decoding. The same settings and seed give the same tokens.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct edgerun_sampling_params {
+    /// Softmax temperature; 0 = greedy (argmax).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 = off.
+    pub top_k: u32,
+    /// Nucleus sampling threshold in (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely, in [0, 1]; 0 = off.
+    pub min_p: f32,
+    /// Repetition penalty (> 0); 1 = off.
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back at; 0 = off.
+    pub repeat_last_n: u32,
+    /// Random seed.
+    pub seed: u64,
+}
+
+/// What `edgerun_generate` does; get the defaults from `edgerun_generate_params_default`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct edgerun_generate_params {
+    /// Most tokens to generate; 0 only processes the prompt.
+    pub max_tokens: u32,
+    /// Sampler settings.
+    pub sampling: edgerun_sampling_params,
+    /// Stop at an end-of-generation token (default true).
+    pub stop_at_eog: bool,
+    /// Stream the text of control tokens such as `<|im_start|>` (default false).
+    pub render_special: bool,
+}
+
+/// What `edgerun_generate` did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct edgerun_generate_result {
+    /// Why it stopped.
+    pub stop_reason: edgerun_stop_reason,
+    /// Tokens generated (passed to the callback).
+    pub n_tokens: u32,
+    /// The last token sampled but not yet in the KV cache (the last generated token, or the
+    /// end-of-generation token): prefill it before the next input to continue the
+    /// conversation. `EDGERUN_TOKEN_NONE` if none.
+    pub pending_token: u32,
+}
+
+/// Called by `edgerun_generate` for every generated token with the text it completes
+/// (`len` bytes of UTF-8, NUL-terminated, possibly empty; valid only during the call). Return
+/// true to continue, false to stop. If generation ends with bytes of an incomplete character
+/// held back, a last call passes `token` = `EDGERUN_TOKEN_NONE` and their lossy text; its
+/// return value is ignored. The callback must not unwind (throw a C++ exception or longjmp)
+/// out of itself, and must not use the session it was called for.
+pub type edgerun_token_callback = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        token: u32,
+        text: *const c_char,
+        len: usize,
+    ) -> bool,
+>;
+
+// ---- errors ----
+
+thread_local! {
+    /// The message of the last failed call on this thread.
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// A failed call: the status and the message for `edgerun_last_error_message`.
+struct Failure {
+    status: edgerun_status,
+    message: String,
+}
+
+impl Failure {
+    fn invalid(message: impl Into<String>) -> Failure {
+        Failure {
+            status: EDGERUN_ERR_INVALID_ARGUMENT,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Failure {
+        let status = match &e {
+            EngineError::Gguf(GgufError::Io { .. }) | EngineError::Io { .. } => EDGERUN_ERR_IO,
+            EngineError::Gguf(_)
+            | EngineError::UnsupportedArchitecture { .. }
+            | EngineError::Metadata { .. }
+            | EngineError::MissingTensor { .. }
+            | EngineError::TensorShape { .. }
+            | EngineError::UnsupportedTensorType { .. } => EDGERUN_ERR_MODEL,
+            EngineError::Tokenizer(_) => EDGERUN_ERR_TOKENIZER,
+            EngineError::ContextFull { .. } => EDGERUN_ERR_CONTEXT_FULL,
+            EngineError::Budget(_) => EDGERUN_ERR_OUT_OF_MEMORY,
+            EngineError::InvalidArgument(_) => EDGERUN_ERR_INVALID_ARGUMENT,
+            EngineError::Plan(_) | EngineError::Kernel(_) => EDGERUN_ERR_INTERNAL,
+            EngineError::Device(_) => EDGERUN_ERR_DEVICE,
+        };
+        Failure {
+            status,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn set_last_error(message: &str) {
+    // A message with a NUL inside would be cut there by C; drop those bytes instead.
+    let bytes: Vec<u8> = message.bytes().filter(|&b| b != 0).collect();
+    let message = CString::new(bytes).unwrap_or_default();
+    // `try_with`: during thread teardown the slot may be gone; the status still tells.
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = message);
+}
+
+/// Runs one entry point's body: catches panics and turns failures into a status and a message.
+fn guard(name: &str, body: impl FnOnce() -> Result<(), Failure>) -> edgerun_status {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => EDGERUN_OK,
+        Ok(Err(f)) => {
+            set_last_error(&format!("{name}: {}", f.message));
+            f.status
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            set_last_error(&format!(
+                "{name}: internal error: {what} (a bug in edge-run; please report it)"
+            ));
+            EDGERUN_ERR_INTERNAL
+        }
+    }
+}
+
+/// Like `guard` for functions that return a value instead of a status: a panic gives
+/// `fallback` (and sets the message).
+fn guard_value<T>(name: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+    let mut out = None;
+    guard(name, || {
+        out = Some(body());
+        Ok(())
+    });
+    out.unwrap_or(fallback)
+}
+
+// ---- pointer helpers: each states what the caller of the entry point guarantees ----
+
+/// The model behind `model`, or an error if it is NULL.
+///
+/// # Safety
+/// `model` is NULL or a live handle from `edgerun_model_load`.
+unsafe fn model_ref<'a>(model: *const edgerun_model) -> Result<&'a edgerun_model, Failure> {
+    // SAFETY: non-NULL handles are live boxes from `edgerun_model_load` (the caller's promise);
+    // a model is only read, so shared references from several threads are fine.
+    unsafe { model.as_ref() }.ok_or_else(|| Failure::invalid("model is NULL"))
+}
+
+/// The session behind `session`, or an error if it is NULL.
+///
+/// # Safety
+/// `session` is NULL or a live handle from `edgerun_session_new`, not used by another
+/// thread during the call.
+unsafe fn session_mut<'a>(
+    session: *mut edgerun_session,
+) -> Result<&'a mut edgerun_session, Failure> {
+    // SAFETY: non-NULL handles are live boxes from `edgerun_session_new`, and the caller uses a
+    // session from one thread at a time, so this is the only reference during the call.
+    unsafe { session.as_mut() }.ok_or_else(|| Failure::invalid("session is NULL"))
+}
+
+/// A NUL-terminated UTF-8 string.
+///
+/// # Safety
+/// `s` is NULL or points to a NUL-terminated string that stays valid during the call.
+unsafe fn utf8<'a>(s: *const c_char, what: &str) -> Result<&'a str, Failure> {
+    if s.is_null() {
+        return Err(Failure::invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL and NUL-terminated (the caller's promise).
+    let bytes = unsafe { CStr::from_ptr(s) }.to_bytes();
+    std::str::from_utf8(bytes).map_err(|e| {
+        Failure::invalid(format!(
+            "{what} is not UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })
+}
+
+/// `n` tokens at `tokens` (which may be NULL when `n` is 0).
+///
+/// # Safety
+/// `tokens` is NULL or points to `n` readable `u32`s that stay valid during the call.
+unsafe fn token_slice<'a>(tokens: *const u32, n: usize) -> Result<&'a [u32], Failure> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if tokens.is_null() {
+        return Err(Failure::invalid(format!(
+            "tokens is NULL but n_tokens is {n}"
+        )));
+    }
+    // SAFETY: non-NULL, `n` readable u32s (the caller's promise); u32 has no invalid values.
+    Ok(unsafe { std::slice::from_raw_parts(tokens, n) })
+}
+
+/// Writes `value` to `out` if it is not NULL.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of `T`.
+unsafe fn write_opt<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        // SAFETY: non-NULL and writable (the caller's promise); `write` drops nothing old.
+        unsafe { out.write(value) };
+    }
+}
+
+/// Copies `bytes` and a NUL into `buf` (`capacity` bytes) and stores the length (without the
+/// NUL) in `out_len`; too small a buffer is an error that still reports the length needed.
+///
+/// # Safety
+/// `buf` is NULL or valid for `capacity` bytes of writes; `out_len` is NULL or writable.
+unsafe fn copy_out(
+    bytes: &[u8],
+    buf: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> Result<(), Failure> {
+    // SAFETY: `out_len` is NULL or writable (the caller's promise).
+    unsafe { write_opt(out_len, bytes.len()) };
+    if capacity <= bytes.len() {
+        return Err(Failure {
+            status: EDGERUN_ERR_BUFFER_TOO_SMALL,
+            message: format!(
+                "the text needs {} bytes with its NUL, the buffer has {capacity}",
+                bytes.len() + 1
+            ),
+        });
+    }
+    if buf.is_null() {
+        return Err(Failure::invalid("buf is NULL but capacity is not 0"));
+    }
+    // SAFETY: `buf` has room for `capacity` > bytes.len() bytes (checked above; the caller
+    // promised `capacity`), and cannot overlap `bytes`, which the library owns.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
+        buf.add(bytes.len()).write(0);
+    }
+    Ok(())
+}
+
+// ---- library ----
+
+/// The library's version, e.g. "0.1.0" (a static string).
+#[no_mangle]
+pub extern "C" fn edgerun_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// The message of the last call that failed on this thread (an empty string if none has).
+/// The pointer stays valid until the next failing call on this thread.
+#[no_mangle]
+pub extern "C" fn edgerun_last_error_message() -> *const c_char {
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
+}
+
+// ---- model ----
+
+/// Loads a GGUF model: maps the file and validates its metadata, tensors and tokenizer. On
+/// success `*out_model` is the handle (free it with `edgerun_model_free`); on failure it is
+/// set to NULL.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string; `out_model` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_model_load(
+    path: *const c_char,
+    out_model: *mut *mut edgerun_model,
+) -> edgerun_status {
+    guard("edgerun_model_load", || {
+        if out_model.is_null() {
+            return Err(Failure::invalid("out_model is NULL"));
+        }
+        // SAFETY: checked non-NULL; writable (the caller's promise).
+        unsafe { out_model.write(std::ptr::null_mut()) };
+        // SAFETY: `path` is NULL or NUL-terminated (the caller's promise).
+        let path = unsafe { utf8(path, "path") }?;
+        let model = Model::load(path)?;
+        let handle = Box::into_raw(Box::new(edgerun_model {
+            model: Arc::new(model),
+        }));
+        // SAFETY: as above.
+        unsafe { out_model.write(handle) };
+        Ok(())
+    })
+}
+
+/// Frees a model handle (NULL is ignored). Sessions opened on it stay valid: the model's
+/// memory is released when the last of them is freed too.
+///
+/// # Safety
+/// `model` is NULL or a handle from `edgerun_model_load` not freed before, and no other
+/// thread uses it during or after the call.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_model_free(model: *mut edgerun_model) {
+    guard("edgerun_model_free", || {
+        if !model.is_null() {
+            // SAFETY: a live box from `edgerun_model_load`, freed once (the caller's promise).
+            drop(unsafe { Box::from_raw(model) });
+        }
+        Ok(())
+    });
+}
+
+/// Vocabulary size of the model (valid token ids are 0 to n_vocab - 1); 0 if `model` is NULL.
+///
+/// # Safety
+/// `model` is NULL or a live model handle.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_model_n_vocab(model: *const edgerun_model) -> u32 {
+    // SAFETY: `model` is NULL or live (the caller's promise).
+    guard_value("edgerun_model_n_vocab", 0, || {
+        match unsafe { model_ref(model) } {
+            Ok(m) => m.model.n_vocab() as u32,
+            Err(_) => 0,
+        }
+    })
+}
+
+/// The context length the model was trained for; 0 if `model` is NULL.
+///
+/// # Safety
+/// `model` is NULL or a live model handle.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_model_n_ctx_train(model: *const edgerun_model) -> u32 {
+    // SAFETY: `model` is NULL or live (the caller's promise).
+    guard_value("edgerun_model_n_ctx_train", 0, || {
+        match unsafe { model_ref(model) } {
+            Ok(m) => m.model.params.n_ctx_train as u32,
+            Err(_) => 0,
+        }
+    })
+}
+
+/// Whether generation ends at `token` (EOS, end of turn, ...); false if `model` is NULL.
+///
+/// # Safety
+/// `model` is NULL or a live model handle.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_token_is_eog(model: *const edgerun_model, token: u32) -> bool {
+    // SAFETY: `model` is NULL or live (the caller's promise).
+    guard_value("edgerun_token_is_eog", false, || {
+        match unsafe { model_ref(model) } {
+            Ok(m) => m.model.is_eog(token),
+            Err(_) => false,
+        }
+    })
+}
+
+// ---- tokenizer ----
+
+/// Tokenizes the NUL-terminated UTF-8 `text` into `tokens` (room for `capacity` ids) and
+/// stores the count in `*out_n_tokens`. `add_special`: add BOS/EOS as the model's metadata
+/// says (for the start of a conversation); `parse_special`: special-token text such as
+/// `<|im_start|>` becomes its token. If `capacity` is too small, returns
+/// `EDGERUN_ERR_BUFFER_TOO_SMALL` with the count needed in `*out_n_tokens` (call with
+/// `capacity` 0 to ask).
+///
+/// # Safety
+/// `model` is NULL or a live model handle; `text` is NULL or NUL-terminated; `tokens` is NULL
+/// or has room for `capacity` ids; `out_n_tokens` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_tokenize(
+    model: *const edgerun_model,
+    text: *const c_char,
+    add_special: bool,
+    parse_special: bool,
+    tokens: *mut u32,
+    capacity: usize,
+    out_n_tokens: *mut usize,
+) -> edgerun_status {
+    guard("edgerun_tokenize", || {
+        // SAFETY: the caller's promises, as documented above.
+        let (m, text) = unsafe { (model_ref(model)?, utf8(text, "text")?) };
+        let ids = m.model.tokenize(text, add_special, parse_special)?;
+        // SAFETY: NULL or writable.
+        unsafe { write_opt(out_n_tokens, ids.len()) };
+        if ids.len() > capacity {
+            return Err(Failure {
+                status: EDGERUN_ERR_BUFFER_TOO_SMALL,
+                message: format!("the text has {} tokens, capacity is {capacity}", ids.len()),
+            });
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if tokens.is_null() {
+            return Err(Failure::invalid("tokens is NULL but capacity is not 0"));
+        }
+        // SAFETY: room for `capacity` >= ids.len() ids (the caller's promise, checked count);
+        // the library's vector cannot overlap the caller's buffer.
+        unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), tokens, ids.len()) };
+        Ok(())
+    })
+}
+
+/// Writes the text of `n_tokens` tokens, NUL-terminated, into `buf` (`capacity` bytes) and its
+/// length without the NUL into `*out_len`. Invalid UTF-8 becomes U+FFFD; `special`: render
+/// control tokens as their text (otherwise they are left out). If `capacity` is too small,
+/// returns `EDGERUN_ERR_BUFFER_TOO_SMALL` with the length in `*out_len` (the buffer needs one
+/// more byte).
+///
+/// # Safety
+/// `model` is NULL or a live model handle; `tokens` is NULL or points to `n_tokens` ids; `buf`
+/// is NULL or has room for `capacity` bytes; `out_len` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_detokenize(
+    model: *const edgerun_model,
+    tokens: *const u32,
+    n_tokens: usize,
+    special: bool,
+    buf: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> edgerun_status {
+    guard("edgerun_detokenize", || {
+        // SAFETY: the caller's promises, as documented above.
+        let (m, ids) = unsafe { (model_ref(model)?, token_slice(tokens, n_tokens)?) };
+        let n_vocab = m.model.n_vocab();
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(Failure::invalid(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab} tokens"
+            )));
+        }
+        let text = m.model.detokenize(ids, special);
+        // SAFETY: the caller's promises about `buf`, `capacity` and `out_len`.
+        unsafe { copy_out(text.as_bytes(), buf, capacity, out_len) }
+    })
+}
+
+/// Writes the bytes of one token (possibly part of a UTF-8 character, as tokens split
+/// characters), NUL-terminated, into `buf` and their count into `*out_len`, like
+/// `edgerun_detokenize`. Control tokens give nothing unless `special`.
+///
+/// # Safety
+/// As for `edgerun_detokenize`.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_token_to_piece(
+    model: *const edgerun_model,
+    token: u32,
+    special: bool,
+    buf: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> edgerun_status {
+    guard("edgerun_token_to_piece", || {
+        // SAFETY: `model` is NULL or live.
+        let m = unsafe { model_ref(model) }?;
+        let n_vocab = m.model.n_vocab();
+        if token as usize >= n_vocab {
+            return Err(Failure::invalid(format!(
+                "token id {token} is outside the vocabulary of {n_vocab} tokens"
+            )));
+        }
+        // SAFETY: the caller's promises about `buf`, `capacity` and `out_len`.
+        unsafe { copy_out(m.model.token_piece(token, special), buf, capacity, out_len) }
+    })
+}
+
+// ---- session ----
+
+/// The default session parameters: every size 0 (its default), f16 KV cache.
+#[no_mangle]
+pub extern "C" fn edgerun_session_params_default() -> edgerun_session_params {
+    edgerun_session_params {
+        n_ctx: 0,
+        n_ubatch: 0,
+        n_threads: 0,
+        kv_type: EDGERUN_KV_F16,
+    }
+}
+
+/// Opens a session on `model` (`params` NULL: the defaults), allocating its KV cache, arena and
+/// threads once. On success `*out_session` is the handle (free it with
+/// `edgerun_session_free`); on failure it is set to NULL. The session keeps the model alive.
+///
+/// # Safety
+/// `model` is NULL or a live model handle; `params` is NULL or readable; `out_session` is NULL
+/// or writable.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_session_new(
+    model: *const edgerun_model,
+    params: *const edgerun_session_params,
+    out_session: *mut *mut edgerun_session,
+) -> edgerun_status {
+    guard("edgerun_session_new", || {
+        if out_session.is_null() {
+            return Err(Failure::invalid("out_session is NULL"));
+        }
+        // SAFETY: checked non-NULL; writable (the caller's promise).
+        unsafe { out_session.write(std::ptr::null_mut()) };
+        // SAFETY: `model` is NULL or live; `params` is NULL or a readable, initialised struct
+        // of plain integers (every bit pattern is valid).
+        let (m, p) = unsafe { (model_ref(model)?, params.as_ref()) };
+        let p = p
+            .copied()
+            .unwrap_or_else(|| edgerun_session_params_default());
+        let size = |v: u32| (v != 0).then_some(v as usize);
+        let kv_type = match p.kv_type {
+            EDGERUN_KV_F16 => KvType::F16,
+            EDGERUN_KV_Q8_0 => KvType::Q8_0,
+            other => {
+                return Err(Failure::invalid(format!(
+                    "kv_type {other}: use EDGERUN_KV_F16 or EDGERUN_KV_Q8_0"
+                )))
+            }
+        };
+        let cfg = SessionConfig {
+            ctx: size(p.n_ctx),
+            ubatch: size(p.n_ubatch),
+            threads: size(p.n_threads),
+            kv_type,
+            // The C API runs on the CPU for now; `--device` is the CLI's and Rust's.
+            ..Default::default()
+        };
+        let session = Session::new(Arc::clone(&m.model), &cfg)?;
+        let handle = Box::into_raw(Box::new(edgerun_session {
+            session,
+            text: Vec::with_capacity(1024),
+        }));
+        // SAFETY: as above.
+        unsafe { out_session.write(handle) };
+        Ok(())
+    })
+}
+
+/// Frees a session (NULL is ignored): its memory, and its threads, which are joined before
+/// this returns.
+///
+/// # Safety
+/// `session` is NULL or a handle from `edgerun_session_new` not freed before, and no other
+/// thread uses it during or after the call.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_session_free(session: *mut edgerun_session) {
+    guard("edgerun_session_free", || {
+        if !session.is_null() {
+            // SAFETY: a live box from `edgerun_session_new`, freed once (the caller's promise).
+            drop(unsafe { Box::from_raw(session) });
+        }
+        Ok(())
+    });
+}
+
+/// Forgets the conversation: the next tokens start at position 0.
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_session_reset(session: *mut edgerun_session) -> edgerun_status {
+    guard("edgerun_session_reset", || {
+        // SAFETY: the caller's promise.
+        unsafe { session_mut(session) }?.session.reset();
+        Ok(())
+    })
+}
+
+/// Positions already in the session's KV cache; 0 if `session` is NULL.
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_session_n_past(session: *mut edgerun_session) -> u32 {
+    // SAFETY: the caller's promise.
+    guard_value("edgerun_session_n_past", 0, || {
+        match unsafe { session_mut(session) } {
+            Ok(s) => s.session.n_past() as u32,
+            Err(_) => 0,
+        }
+    })
+}
+
+/// The session's context size in tokens; 0 if `session` is NULL.
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_session_n_ctx(session: *mut edgerun_session) -> u32 {
+    // SAFETY: the caller's promise.
+    guard_value("edgerun_session_n_ctx", 0, || {
+        match unsafe { session_mut(session) } {
+            Ok(s) => s.session.ctx() as u32,
+            Err(_) => 0,
+        }
+    })
+}
+
+/// Appends `n_tokens` tokens to the context (in chunks of the ubatch); their logits are then
+/// those of `edgerun_logits`. Fails with `EDGERUN_ERR_CONTEXT_FULL` if they do not fit, with
+/// nothing processed.
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call;
+/// `tokens` is NULL or points to `n_tokens` ids.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_prefill(
+    session: *mut edgerun_session,
+    tokens: *const u32,
+    n_tokens: usize,
+) -> edgerun_status {
+    guard("edgerun_prefill", || {
+        // SAFETY: the caller's promises.
+        let (s, ids) = unsafe { (session_mut(session)?, token_slice(tokens, n_tokens)?) };
+        s.session.prefill(ids)?;
+        Ok(())
+    })
+}
+
+/// Appends one token; the logits for the next are then those of `edgerun_logits`.
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_step(session: *mut edgerun_session, token: u32) -> edgerun_status {
+    guard("edgerun_step", || {
+        // SAFETY: the caller's promise.
+        unsafe { session_mut(session) }?.session.step(token)?;
+        Ok(())
+    })
+}
+
+/// The logits of the last processed position (`*out_n` = the vocabulary size; 0 before any
+/// prefill or step). The array belongs to the session and stays valid until the next call that
+/// changes it (prefill, step, generate, reset, free).
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call;
+/// `out_logits` and `out_n` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_logits(
+    session: *mut edgerun_session,
+    out_logits: *mut *const f32,
+    out_n: *mut usize,
+) -> edgerun_status {
+    guard("edgerun_logits", || {
+        if out_logits.is_null() || out_n.is_null() {
+            return Err(Failure::invalid("out_logits or out_n is NULL"));
+        }
+        // SAFETY: the caller's promise.
+        let logits = unsafe { session_mut(session) }?.session.logits();
+        // SAFETY: both checked non-NULL and writable (the caller's promise).
+        unsafe {
+            out_logits.write(logits.as_ptr());
+            out_n.write(logits.len());
+        }
+        Ok(())
+    })
+}
+
+// ---- generation ----
+
+/// llama.cpp's sampler defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
+/// repetition penalty 1 (off) over 64 tokens, seed 42.
+#[no_mangle]
+pub extern "C" fn edgerun_sampling_params_default() -> edgerun_sampling_params {
+    let d = SamplerConfig::default();
+    edgerun_sampling_params {
+        temperature: d.temperature,
+        top_k: d.top_k as u32,
+        top_p: d.top_p,
+        min_p: d.min_p,
+        repeat_penalty: d.repeat_penalty,
+        repeat_last_n: d.repeat_last_n as u32,
+        seed: d.seed,
+    }
+}
+
+/// The default generation: at most 256 tokens, the default sampler, stop at end of generation,
+/// no control-token text.
+#[no_mangle]
+pub extern "C" fn edgerun_generate_params_default() -> edgerun_generate_params {
+    let d = GenerateOptions::default();
+    edgerun_generate_params {
+        max_tokens: d.max_tokens as u32,
+        sampling: edgerun_sampling_params_default(),
+        stop_at_eog: d.stop_at_eog,
+        render_special: d.render_special,
+    }
+}
+
+fn options_from(p: &edgerun_generate_params) -> GenerateOptions {
+    let s = &p.sampling;
+    GenerateOptions {
+        max_tokens: p.max_tokens as usize,
+        sampling: SamplerConfig {
+            temperature: s.temperature,
+            top_k: s.top_k as usize,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repeat_penalty,
+            repeat_last_n: s.repeat_last_n as usize,
+            seed: s.seed,
+        },
+        stop_at_eog: p.stop_at_eog,
+        render_special: p.render_special,
+    }
+}
+
+/// Prefills `prompt` (`n_prompt` tokens, appended to the context; 0 continues from the last
+/// logits) and generates until `max_tokens`, an end-of-generation token, a full context, or
+/// `callback` returning false, calling `callback(user_data, token, text, len)` for every token
+/// (`callback` may be NULL). `params` NULL means `edgerun_generate_params_default`. What
+/// happened is written to `*out_result` (may be NULL). A full context while generating is a
+/// stop reason, not an error; a prompt that does not fit is `EDGERUN_ERR_CONTEXT_FULL`.
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call;
+/// `prompt` is NULL or points to `n_prompt` ids; `params` is NULL or a readable struct whose
+/// bools are 0 or 1; `callback` is NULL or a function that behaves as
+/// `edgerun_token_callback` says; `out_result` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_generate(
+    session: *mut edgerun_session,
+    prompt: *const u32,
+    n_prompt: usize,
+    params: *const edgerun_generate_params,
+    callback: edgerun_token_callback,
+    user_data: *mut c_void,
+    out_result: *mut edgerun_generate_result,
+) -> edgerun_status {
+    guard("edgerun_generate", || {
+        // SAFETY: the caller's promises about `session`, `prompt` and `params` (a readable,
+        // initialised struct whose bools are valid).
+        let (s, prompt, p) = unsafe {
+            (
+                session_mut(session)?,
+                token_slice(prompt, n_prompt)?,
+                params.as_ref(),
+            )
+        };
+        let options = options_from(
+            &p.copied()
+                .unwrap_or_else(|| edgerun_generate_params_default()),
+        );
+        let edgerun_session { session, text } = s;
+        let done = session.generate(prompt, &options, |event| {
+            let Some(cb) = callback else {
+                return ControlFlow::Continue(());
+            };
+            // The text buffer was reserved when the session opened; it grows only for a
+            // piece longer than that.
+            text.clear();
+            text.extend_from_slice(event.text.as_bytes());
+            text.push(0);
+            let token = event.token.unwrap_or(EDGERUN_TOKEN_NONE);
+            // SAFETY: `cb` is a valid function (the caller's promise); `text` is a live,
+            // NUL-terminated buffer of `len` + 1 bytes for the duration of the call.
+            let go_on = unsafe { cb(user_data, token, text.as_ptr().cast(), event.text.len()) };
+            if go_on {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })?;
+        let result = edgerun_generate_result {
+            stop_reason: match done.stop_reason {
+                StopReason::MaxTokens => edgerun_stop_reason::EDGERUN_STOP_MAX_TOKENS,
+                StopReason::EndOfGeneration(_) => {
+                    edgerun_stop_reason::EDGERUN_STOP_END_OF_GENERATION
+                }
+                StopReason::Stopped => edgerun_stop_reason::EDGERUN_STOP_STOPPED,
+                StopReason::ContextFull => edgerun_stop_reason::EDGERUN_STOP_CONTEXT_FULL,
+            },
+            n_tokens: done.n_tokens as u32,
+            pending_token: done.pending_token.unwrap_or(EDGERUN_TOKEN_NONE),
+        };
+        // SAFETY: NULL or writable (the caller's promise).
+        unsafe { write_opt(out_result, result) };
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_its_message() {
+        let status = guard("edgerun_test", || panic!("boom"));
+        assert_eq!(status, EDGERUN_ERR_INTERNAL);
+        // SAFETY: the library returns a valid NUL-terminated string.
+        let message = unsafe { CStr::from_ptr(edgerun_last_error_message()) };
+        let message = message.to_str().unwrap();
+        assert!(
+            message.starts_with("edgerun_test: internal error: boom"),
+            "{message}"
+        );
+        assert_eq!(
+            guard_value("edgerun_test", 7, || -> i32 { panic!("again") }),
+            7
+        );
+    }
+
+    #[test]
+    fn messages_are_per_thread_and_never_cut_by_a_nul() {
+        set_last_error("a\0b");
+        std::thread::spawn(|| {
+            // SAFETY: as above.
+            let other = unsafe { CStr::from_ptr(edgerun_last_error_message()) };
+            assert_eq!(other.to_bytes(), b"");
+        })
+        .join()
+        .unwrap();
+        // SAFETY: as above.
+        let message = unsafe { CStr::from_ptr(edgerun_last_error_message()) };
+        assert_eq!(message.to_bytes(), b"ab");
+    }
+}
