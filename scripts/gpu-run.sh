@@ -39,10 +39,14 @@ step() {
 }
 
 # The driver library: cudarc loads libcuda.so at run time.
-for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 /usr/local/cuda/compat /usr/lib64; do
+# The first match wins: the driver's own library. CUDA's forward-compatibility libcuda
+# (/usr/local/cuda/compat) fails with CUDA_ERROR_SYSTEM_DRIVER_MISMATCH against an older kernel
+# driver, so it is never put on the path.
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64 /usr/lib64; do
     if ls "$d"/libcuda.so* >/dev/null 2>&1; then
         export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         log "libcuda found in $d"
+        break
     fi
 done
 

@@ -739,10 +739,14 @@ fn tiny_model(ty: GgmlType) -> crate::model::Model {
 }
 
 /// Whole sessions, CPU against CUDA, on tiny models of every supported weight type: prefill
-/// (one chunk and chunks of 4), then decode steps (the replayed CUDA graph). Float weights keep
-/// activations in f32/f16 on both sides, so only summation order differs (tolerance 1e-3 of the
-/// logit range); quantized weights requantize activations to q8, where a value on a rounding
-/// boundary moves by one quant step (tolerance 3% of the range).
+/// (one chunk and chunks of 4), then decode steps (the replayed CUDA graph). The CPU runs its
+/// tiled attention (`flash_attn`), the GPU's math: f32 query and probabilities, online softmax
+/// (the CPU's default path rounds both to f16, as llama.cpp does, which alone moved a tiny f16
+/// model's logits by 0.15% of their range on the H200). Float weights keep activations in f32
+/// (f16 for f16 weights, rounded identically on both sides), so only summation order differs
+/// (tolerance 1e-3 of the logit range, 2e-3 with f16 weights); quantized weights requantize
+/// activations to q8, where a value on a rounding boundary moves by one quant step (tolerance 3%
+/// of the range). Every type and phase is checked before the test fails, to report them all.
 #[test]
 fn whole_sessions_match_the_cpu_on_tiny_models() {
     if gpu("tiny_sessions").is_none() {
@@ -750,6 +754,7 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
     }
     use crate::session::{Session, SessionConfig};
     let prompt: Vec<u32> = vec![72, 101, 108, 108, 111, 32, 119, 111, 114];
+    let failures = std::cell::RefCell::new(Vec::new());
     for ty in [
         GgmlType::F32,
         GgmlType::F16,
@@ -764,15 +769,16 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
                 ubatch,
                 threads: Some(1),
                 device,
+                flash_attn: true,
                 ..Default::default()
             };
             let mut cpu_s = Session::new(model.clone(), &cfg(crate::device::Device::Cpu)).unwrap();
             let mut gpu_s =
                 Session::new(model.clone(), &cfg(crate::device::Device::Cuda(0))).unwrap();
-            let rel = if matches!(ty, GgmlType::F32 | GgmlType::F16) {
-                1e-3
-            } else {
-                3e-2
+            let rel = match ty {
+                GgmlType::F32 => 1e-3,
+                GgmlType::F16 => 2e-3,
+                _ => 3e-2,
             };
             let compare = |c: &[f32], g: &[f32], what: &str| {
                 let range = c.iter().fold(0f32, |m, x| m.max(x.abs())) + 1.0;
@@ -781,10 +787,14 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
                     .zip(g)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
-                assert!(
-                    worst <= rel * range,
-                    "{ty} ubatch {ubatch:?} {what}: max |cpu - gpu| {worst} (range {range})"
+                let line = format!(
+                    "{ty} ubatch {ubatch:?} {what}: max |cpu - gpu| {worst} (range {range}, tolerance {})",
+                    rel * range
                 );
+                eprintln!("tiny_sessions: {line}");
+                if worst > rel * range {
+                    failures.borrow_mut().push(line);
+                }
             };
             let c = cpu_s.prefill(&prompt).unwrap().to_vec();
             let g = gpu_s.prefill(&prompt).unwrap().to_vec();
@@ -800,6 +810,8 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
             }
         }
     }
+    let failures = failures.into_inner();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The fixture of `whole_sessions_match_the_cpu_on_tiny_models` is a valid model on the CPU
