@@ -44,3 +44,26 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().expect("id") as u32)
         .collect()
 }
+
+/// Resident bytes of the mappings of `file` (from /proc/self/smaps).
+pub fn mapped_rss(file: &str) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut in_file = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            in_file = line.ends_with(file);
+        } else if in_file {
+            if let Some(v) = line.strip_prefix("Rss:") {
+                kib += v
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap();
+            }
+        }
+    }
+    kib * 1024
+}

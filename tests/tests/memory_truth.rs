@@ -9,6 +9,7 @@ use std::sync::Arc;
 use edge_engine::model::Model;
 use edge_engine::sampling::argmax;
 use edge_engine::session::{Session, SessionConfig, SessionPlan};
+use edge_tests::mapped_rss;
 
 /// What neither the plan nor the model's measured runtime heap covers: thread stacks, the
 /// tokenizer's caches as it meets new words, allocator slack. A few MiB at most.
@@ -31,29 +32,6 @@ fn status_kib(field: &str) -> u64 {
                 .unwrap()
         })
         .unwrap_or_else(|| panic!("{field} not in /proc/self/status"))
-}
-
-/// Resident bytes of the mappings of `file` (from /proc/self/smaps).
-fn mapped_rss(file: &str) -> u64 {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut in_file = false;
-    let mut kib = 0;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            in_file = line.ends_with(file);
-        } else if in_file {
-            if let Some(v) = line.strip_prefix("Rss:") {
-                kib += v
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .unwrap();
-            }
-        }
-    }
-    kib * 1024
 }
 
 #[test]

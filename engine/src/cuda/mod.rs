@@ -822,6 +822,11 @@ fn place_weights(
                 };
                 wptr.push(mem.ptr + off);
             }
+            // The weights now live in the device (or managed) buffer: the file's pages need not
+            // stay resident in this process as well ("never both resident" on unified memory).
+            if let Err(e) = model.gguf().release_resident_pages() {
+                log::warn!("could not release the file mapping's pages after the upload: {e}");
+            }
             Ok((WeightsMem::Device(mem), wptr))
         }
         WeightPath::Register => {

@@ -744,7 +744,7 @@ fn tiny_model(ty: GgmlType) -> crate::model::Model {
 /// (the CPU's default path rounds both to f16, as llama.cpp does, which alone moved a tiny f16
 /// model's logits by 0.15% of their range on the H200). Float weights keep activations in f32
 /// (f16 for f16 weights, rounded identically on both sides), so only summation order differs
-/// (tolerance 1e-3 of the logit range, 2e-3 with f16 weights); quantized weights requantize
+/// (tolerance 2e-3 of the logit range); quantized weights requantize
 /// activations to q8, where a value on a rounding boundary moves by one quant step (tolerance 3%
 /// of the range). Every type and phase is checked before the test fails, to report them all.
 #[test]
@@ -775,9 +775,11 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
             let mut cpu_s = Session::new(model.clone(), &cfg(crate::device::Device::Cpu)).unwrap();
             let mut gpu_s =
                 Session::new(model.clone(), &cfg(crate::device::Device::Cuda(0))).unwrap();
+            // f32: measured up to 0.084% of the range on an H200 (the GPU's expf and sinf
+            // against the CPU's polynomials, amplified by random weights); 2e-3 leaves room for
+            // other GPUs' rounding.
             let rel = match ty {
-                GgmlType::F32 => 1e-3,
-                GgmlType::F16 => 2e-3,
+                GgmlType::F32 | GgmlType::F16 => 2e-3,
                 _ => 3e-2,
             };
             let compare = |c: &[f32], g: &[f32], what: &str| {

@@ -723,6 +723,22 @@ impl Gguf {
         }
     }
 
+    /// Drops this process's resident pages of the file mapping (`madvise(MADV_DONTNEED)`), for a
+    /// backend that has copied the weights elsewhere (a GPU's memory, a managed buffer): the
+    /// mapping stays valid, and a later read faults the same bytes back in from the file. A
+    /// no-op for an owned buffer and off Unix.
+    pub fn release_resident_pages(&self) -> std::io::Result<()> {
+        #[cfg(unix)]
+        if let Storage::Mmap(m) = &self.storage {
+            // SAFETY: the mapping is a shared, read-only map of a file (`Mmap::map`). For such a
+            // map MADV_DONTNEED only unmaps the pages from this process; their contents are the
+            // file's, so every later read (through any live slice) sees the same bytes again.
+            // Nothing writes the mapping, so no modification can be discarded.
+            unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) }?;
+        }
+        Ok(())
+    }
+
     /// The tensor's bytes, zero-copy. The range of every tensor of this file was validated at
     /// open; for a `TensorInfo` not from this file whose range lies outside it, the slice is
     /// empty (never a panic).
