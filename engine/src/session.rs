@@ -326,6 +326,8 @@ pub struct Session {
 }
 
 /// What runs the planned graphs: the CPU executor with its KV cache, or a CUDA device.
+// One per session, never moved in a hot path: a few hundred bytes inline cost nothing.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Cpu {
         exec: Executor,
