@@ -57,7 +57,13 @@ fuzz_target!(|data: &[u8]| {
     let ids: Vec<u32> = rest
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .map(|id| if sel & 1 == 0 { id % tok.n_vocab() as u32 } else { id })
+        .map(|id| {
+            if sel & 1 == 0 {
+                id % tok.n_vocab() as u32
+            } else {
+                id
+            }
+        })
         .collect();
     let _ = tok.decode(&ids);
     let mut stream = StreamDecoder::new();
