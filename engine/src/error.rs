@@ -65,6 +65,18 @@ pub enum EngineError {
         /// The model's trained context.
         max: usize,
     },
+    /// A context shift cannot make room: the kept positions leave nothing to drop.
+    #[error("{what}: the context of {ctx} tokens is full and a shift cannot make room for {needed} more: the first {keep} positions are kept; use a smaller --keep or a larger --ctx")]
+    ContextShift {
+        /// What needed room ("prompt", "generation").
+        what: &'static str,
+        /// Positions needed.
+        needed: usize,
+        /// Positions kept at the start.
+        keep: usize,
+        /// The session's context size.
+        ctx: usize,
+    },
     /// The session would not fit in the memory budget; nothing was allocated.
     #[error("{}", budget_line(.0))]
     Budget(Box<edge_targets::BudgetError>),

@@ -43,6 +43,22 @@ pub struct SessionConfig {
     pub cuda_weights: Option<crate::device::WeightPath>,
 }
 
+/// What a session does when a run needs more positions than its context holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextPolicy {
+    /// Refuse the run with [`EngineError::ContextFull`] (the default): the caller decides.
+    #[default]
+    Stop,
+    /// Shift the context as llama.cpp's `--context-shift` does: keep the first `keep`
+    /// positions (e.g. 1 for the BOS token, or the tokens of a system prompt), drop the oldest
+    /// half of the rest, move the remaining positions down and re-rotate their keys, then go
+    /// on. The model then no longer sees the dropped tokens.
+    Shift {
+        /// Positions at the start that are never dropped.
+        keep: usize,
+    },
+}
+
 /// Memory a session owns, computed from its plan. Weights are mapped from the file, not copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryReport {
@@ -323,6 +339,12 @@ pub struct Session {
     /// Whether the last run produced logits that can be read.
     has_logits: bool,
     last_graph_is_prefill: bool,
+    policy: ContextPolicy,
+    /// Context shifts done since the last reset.
+    n_shifts: usize,
+    /// Two KV rows of f32, for re-rotating keys during a shift (allocated once here, so that
+    /// a shift allocates nothing).
+    shift_rows: Vec<f32>,
 }
 
 /// What runs the planned graphs: the CPU executor with its KV cache, or a CUDA device.
@@ -417,6 +439,7 @@ impl Session {
                 return Err(EngineError::Device(crate::device::NO_CUDA_SUPPORT.into()));
             }
         };
+        let shift_rows = vec![0.0; 2 * p.kv_dim()];
         log::info!(
             "session: ctx {}, ubatch {}, {what}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
             plan.ctx,
@@ -438,6 +461,9 @@ impl Session {
             report,
             has_logits: false,
             last_graph_is_prefill: false,
+            policy: ContextPolicy::Stop,
+            n_shifts: 0,
+            shift_rows,
         })
     }
 
@@ -498,6 +524,83 @@ impl Session {
     pub fn reset(&mut self) {
         self.n_past = 0;
         self.has_logits = false;
+        self.n_shifts = 0;
+    }
+
+    /// What to do when the context is full ([`ContextPolicy::Stop`] unless set).
+    pub fn context_policy(&self) -> ContextPolicy {
+        self.policy
+    }
+
+    /// Sets what to do when the context is full; applies to the following runs.
+    pub fn set_context_policy(&mut self, policy: ContextPolicy) {
+        self.policy = policy;
+    }
+
+    /// Context shifts done since the session was opened or reset.
+    pub fn n_shifts(&self) -> usize {
+        self.n_shifts
+    }
+
+    /// Drops `n_discard` positions after the first `keep` ones: the later positions move down
+    /// and their keys are re-rotated (see [`KvCache::shift`]); [`Session::n_past`] drops by
+    /// `n_discard`. The logits of the last run stay readable. [`ContextPolicy::Shift`] calls this
+    /// with half of the positions after `keep` when a run would overflow the context.
+    pub fn shift_context(&mut self, keep: usize, n_discard: usize) -> Result<()> {
+        if keep
+            .checked_add(n_discard)
+            .is_none_or(|end| end > self.n_past)
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "context shift: cannot drop {n_discard} positions after the first {keep}: only {} are in the context",
+                self.n_past
+            )));
+        }
+        let p = &self.model.params;
+        match &mut self.backend {
+            Backend::Cpu { exec, kv } => kv
+                .shift(
+                    self.n_past,
+                    keep,
+                    n_discard,
+                    p.head_dim,
+                    p.rope,
+                    exec.kernels(),
+                    &mut self.shift_rows,
+                )
+                .map_err(EngineError::Kernel)?,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => {
+                return Err(EngineError::Device(
+                    "context shift is not implemented on --device cuda yet; use --device cpu, or a larger --ctx".into(),
+                ))
+            }
+        }
+        self.n_past -= n_discard;
+        self.n_shifts += 1;
+        Ok(())
+    }
+
+    /// Under [`ContextPolicy::Shift`], shifts until `n` more positions fit (a no-op when they
+    /// already do, or under [`ContextPolicy::Stop`]).
+    fn make_room(&mut self, n: usize, what: &'static str) -> Result<()> {
+        let ContextPolicy::Shift { keep } = self.policy else {
+            return Ok(());
+        };
+        while self.n_past + n > self.ctx() {
+            let keep = keep.min(self.n_past);
+            let n_discard = (self.n_past - keep) / 2;
+            if n_discard == 0 {
+                return Err(EngineError::ContextShift {
+                    what,
+                    needed: n,
+                    keep,
+                    ctx: self.ctx(),
+                });
+            }
+            self.shift_context(keep, n_discard)?;
+        }
+        Ok(())
     }
 
     /// Appends `tokens` to the context, in chunks of the ubatch, and returns the logits of the
@@ -530,9 +633,27 @@ impl Session {
                 "nothing to process: the prompt has no tokens".into(),
             ));
         }
-        self.check_tokens(tokens, what)?;
-        let chunk_len = self.ubatch;
-        for chunk in tokens.chunks(chunk_len) {
+        self.check_vocab(tokens)?;
+        if let ContextPolicy::Shift { keep } = self.policy {
+            // Shifting only drops context already processed: the new tokens themselves (and
+            // the kept ones) must fit.
+            let kept = keep.min(self.n_past);
+            if kept + tokens.len() > self.ctx() {
+                return Err(EngineError::ContextFull {
+                    what,
+                    needed: kept + tokens.len(),
+                    ctx: self.ctx(),
+                    max: self.model.params.n_ctx_train,
+                });
+            }
+        } else {
+            // Refused before anything runs: a prompt is processed whole or not at all.
+            self.check_fits(tokens.len(), what)?;
+        }
+        let ubatch = self.ubatch;
+        for chunk in tokens.chunks(ubatch) {
+            self.make_room(chunk.len(), what)?;
+            self.check_fits(chunk.len(), what)?;
             self.run(chunk)?;
         }
         Ok(())
@@ -581,17 +702,21 @@ impl Session {
         }
     }
 
-    fn check_tokens(&self, tokens: &[u32], what: &'static str) -> Result<()> {
+    fn check_vocab(&self, tokens: &[u32]) -> Result<()> {
         let n_vocab = self.model.params.n_vocab;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::InvalidArgument(format!(
                 "token id {bad} is outside the vocabulary of {n_vocab} tokens"
             )));
         }
-        if self.n_past + tokens.len() > self.ctx() {
+        Ok(())
+    }
+
+    fn check_fits(&self, n: usize, what: &'static str) -> Result<()> {
+        if self.n_past + n > self.ctx() {
             return Err(EngineError::ContextFull {
                 what,
-                needed: self.n_past + tokens.len(),
+                needed: self.n_past + n,
                 ctx: self.ctx(),
                 max: self.model.params.n_ctx_train,
             });

@@ -487,6 +487,16 @@ fn bad_arguments_give_one_line_errors() {
         (vec![m, "-p", "hi", "--top_p", "0.5"], vec!["--top_p", "--top-p"]),
         (vec![m, "-p", "hi", "-f", "x.txt"], vec!["--prompt", "--file"]),
         (vec![m, "-p", "hi", "--system", "be brief"], vec!["--system", "--chat"]),
+        (vec![m, "-p", "hi", "--keep", "4"], vec!["--keep", "--ctx-shift"]),
+        (vec![m, "-p", "hi", "--ctx-shift", "--keep", "-1"], vec!["--keep", "'-1'", ">= 0"]),
+        (vec![m, "-p", "hi", "--mem-budget", "1 parsec"], vec!["--mem-budget", "'1 parsec'"]),
+        (vec![m, "-p", "hi", "--mem-budget", "0"], vec!["--mem-budget", "more than 0"]),
+        (vec![m, "-p", "hi", "--mem-budget", "-5MiB"], vec!["--mem-budget", "'-5MiB'"]),
+        (vec![m, "-p", "hi", "--kv-type", "q4_0"], vec!["--kv-type", "'q4_0'", "f16 or q8_0"]),
+        (vec![m, "-p", "hi", "--target", "toaster"], vec!["--target", "toaster"]),
+        (vec![m, "-p", "hi", "--count-weights"], vec!["--count-weights", "--mem-budget"]),
+        (vec![m, "-p", "hi", "--repeat-last-n", "x"], vec!["--repeat-last-n", "'x'"]),
+        (vec![m, "-p", "hi", "--temp", "inf"], vec!["--temp", "finite"]),
         (vec![m, "The capital of France is"], vec!["The capital of France is", "-p"]),
         (vec![m, "-p", ""], vec!["prompt is empty", "-p"]),
         (vec![m, "-f", s(&empty_file)], vec!["prompt is empty", "-f"]),
@@ -823,6 +833,100 @@ fn generation_stops_when_the_context_is_full() {
     assert!(out.stderr.contains("stopped: context full"), "{out:?}");
     // 5 prompt tokens + generated ones fill 8 positions; one more token is sampled from the last
     assert!(out.stderr.contains("generated: 4 tokens"), "{out:?}");
+}
+
+#[test]
+fn ctx_shift_generates_past_the_context() {
+    let m = model();
+    let out = run(&[
+        s(&m),
+        "-p",
+        "The capital of France is",
+        "--ctx",
+        "32",
+        "--ctx-shift",
+        "-n",
+        "80",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.contains("generated: 80 tokens"), "{out:?}");
+    assert!(out.stderr.contains("stopped: token limit"), "{out:?}");
+    let shifts: usize = out
+        .stderr
+        .split("context shifts: ")
+        .nth(1)
+        .and_then(|r| r.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no shift count: {out:?}"));
+    assert!(shifts >= 3, "{out:?}");
+    // --keep larger than the context: refused up front (it is capped at the prompt's length,
+    // and a prompt as long as the context leaves nothing to shift).
+    let out = run(&[
+        s(&m),
+        "-p",
+        "The capital of France is",
+        "--ctx",
+        "5",
+        "--ctx-shift",
+        "--keep",
+        "99",
+        "-t",
+        "1",
+    ]);
+    assert_error(&out, &["--keep 5", "--ctx"]);
+    assert_eq!(out.code, Some(2));
+}
+
+/// The first Ctrl-C stops generation after the current token: the timing summary is printed
+/// and the exit status is 130.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_generation_with_the_summary() {
+    use std::io::Read;
+    let m = model();
+    let mut child = Command::new(BIN)
+        .args([
+            s(&m),
+            "-p",
+            "Once upon a time",
+            "--ctx",
+            "64",
+            "--ctx-shift",
+            "-n",
+            "1000000",
+            "--temp",
+            "0",
+            "-t",
+            "1",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("starting edge-run");
+    // Wait for generated text: the handler is installed before the first token is printed.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("some output");
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(killed.success());
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("stopped: interrupted (Ctrl-C)") && stderr.contains("generated: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("error"), "{stderr}");
 }
 
 // ---------------------------------------------------------------- plan and bench

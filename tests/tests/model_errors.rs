@@ -253,6 +253,11 @@ impl Parts {
     }
 
     fn bytes(&self) -> Vec<u8> {
+        self.writer().to_bytes()
+    }
+
+    /// A writer holding the model, for defects below the metadata level.
+    fn writer(&self) -> GgufWriter {
         let mut w = GgufWriter::new();
         for (k, v) in &self.meta {
             w.add(k, v.clone());
@@ -260,7 +265,7 @@ impl Parts {
         for t in &self.tensors {
             w.add_tensor(&t.name, &t.dims, t.ty, t.data.clone());
         }
-        w.to_bytes()
+        w
     }
 }
 
@@ -788,5 +793,311 @@ fn bad_session_config_is_invalid_argument() {
             matches!(e, EngineError::InvalidArgument(_)),
             "{cfg:?}: {e:?}"
         );
+    }
+}
+
+// ---------------------------------------------------------------- the malformed-file corpus
+
+/// Bytes a metadata value takes after its type id.
+fn value_len(v: &MetaValue) -> usize {
+    match v {
+        MetaValue::U8(_) | MetaValue::I8(_) | MetaValue::Bool(_) => 1,
+        MetaValue::U16(_) | MetaValue::I16(_) => 2,
+        MetaValue::U32(_) | MetaValue::I32(_) | MetaValue::F32(_) => 4,
+        MetaValue::U64(_) | MetaValue::I64(_) | MetaValue::F64(_) => 8,
+        MetaValue::String(s) => 8 + s.len(),
+        MetaValue::Array(items) => 12 + items.iter().map(value_len).sum::<usize>(),
+    }
+}
+
+/// Every field of a valid GGUF file, in file order, as (the name the reader gives it, start,
+/// end): header, each metadata pair (key length, key, value type, value), each tensor info
+/// (name, n_dims, dims, type, offset), the alignment padding and each tensor's data.
+fn layout(bytes: &[u8]) -> Vec<(String, usize, usize)> {
+    fn field(fields: &mut Vec<(String, usize, usize)>, name: String, len: usize) {
+        let at = fields.last().map_or(0, |f| f.2);
+        fields.push((name, at, at + len));
+    }
+    let g = edge_engine::gguf::Gguf::from_bytes(bytes.to_vec()).expect("a valid file");
+    let f = &mut Vec::new();
+    field(f, "magic".into(), 4);
+    field(f, "version".into(), 4);
+    field(f, "tensor count".into(), 8);
+    field(f, "metadata count".into(), 8);
+    for (i, (k, v)) in g.metadata().iter().enumerate() {
+        field(f, format!("length of key of metadata pair {i}"), 8);
+        field(f, format!("key of metadata pair {i}"), k.len());
+        field(f, format!("value type of key `{k}`"), 4);
+        match v {
+            MetaValue::String(s) => {
+                field(f, format!("length of value of key `{k}`"), 8);
+                field(f, format!("value of key `{k}`"), s.len());
+            }
+            MetaValue::Array(items) => {
+                field(f, format!("array element type of key `{k}`"), 4);
+                field(f, format!("array length of key `{k}`"), 8);
+                // elements (strings: a length and bytes each) are all "value of key `k`"
+                let len = items.iter().map(value_len).sum();
+                field(f, format!("value of key `{k}`"), len);
+            }
+            v => field(f, format!("value of key `{k}`"), value_len(v)),
+        }
+    }
+    for (i, t) in g.tensors().iter().enumerate() {
+        field(f, format!("length of name of tensor {i}"), 8);
+        field(f, format!("name of tensor {i}"), t.name.len());
+        let name = &t.name;
+        field(f, format!("n_dims of tensor `{name}`"), 4);
+        for d in 0..t.dims.len() {
+            field(f, format!("dim {d} of tensor `{name}`"), 8);
+        }
+        field(f, format!("type of tensor `{name}`"), 4);
+        field(f, format!("data offset of tensor `{name}`"), 8);
+    }
+    let header_end = f.last().map_or(0, |x| x.2);
+    field(
+        f,
+        "alignment padding".into(),
+        g.data_offset() as usize - header_end,
+    );
+    for t in g.tensors() {
+        assert_eq!(
+            t.offset as usize,
+            f.last().unwrap().2,
+            "tensors are written in order"
+        );
+        field(
+            f,
+            format!("data of tensor `{}`", t.name),
+            t.n_bytes as usize,
+        );
+    }
+    assert_eq!(f.last().unwrap().2, bytes.len());
+    std::mem::take(f)
+}
+
+/// A model file cut inside each of its fields — the header, every metadata pair, every tensor
+/// info, the alignment padding, every tensor's data — gives the error that names that very
+/// field (and never a panic): `Truncated` with the field's name and offset while reading the
+/// header, or the first tensor whose data the cut leaves incomplete. Where a count read earlier
+/// (the tensor or metadata count, an array or string length) can no longer fit in what is
+/// left, the reader refuses that count first (`CountTooLarge`, before allocating for it).
+#[test]
+fn truncated_inside_every_field_names_the_field() {
+    let bytes = Parts::llama(DIMS).bytes();
+    let fields = layout(&bytes);
+    assert!(fields.len() > 60, "{} fields", fields.len());
+    let first_tensor = edge_engine::gguf::Gguf::from_bytes(bytes.clone())
+        .unwrap()
+        .tensors()[0]
+        .name
+        .clone();
+    let (mut checked, mut counts) = (0, 0);
+    for (name, start, end) in &fields {
+        if start == end {
+            continue; // no padding, or an empty key
+        }
+        let cut = start + (end - start) / 2;
+        let e = edge_engine::gguf::Gguf::from_bytes(bytes[..cut].to_vec()).unwrap_err();
+        let msg = e.to_string();
+        let ok = match &e {
+            GgufError::BadMagic { .. } => name == "magic",
+            GgufError::Truncated { what, offset, .. } => what == name && *offset as usize == *start,
+            // A count read before the cut (tensor/metadata count, a string or array length)
+            // that the bytes left can no longer hold: the reader refuses it before allocating.
+            GgufError::CountTooLarge { offset, what, .. } => {
+                counts += 1;
+                let same_key = what
+                    .split_once(" of key ")
+                    .is_some_and(|(_, key)| name.ends_with(&format!(" of key {key}")));
+                (*offset as usize) <= *start
+                    && (same_key
+                        || *what == format!("length of {name}")
+                        || what == "metadata count"
+                        || (what == "tensor count" && name.contains(" of tensor ")))
+            }
+            GgufError::TensorOutOfRange { name: t, .. } => {
+                if let Some(data_of) = name.strip_prefix("data of tensor ") {
+                    data_of == format!("`{t}`")
+                } else {
+                    name == "alignment padding" && t == &first_tensor
+                }
+            }
+            _ => false,
+        };
+        assert!(ok, "cut at {cut} inside {name} ({start}..{end}): {msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+        checked += 1;
+    }
+    eprintln!("{checked} truncations checked, {counts} refused by a count");
+    // The others are reported as the very field they fall in.
+    assert!(counts * 3 < checked, "{counts} of {checked}");
+}
+
+/// One defect at a time in an otherwise complete model file, loaded as the CLI loads it: each
+/// gives its own error variant naming the key, tensor or field. (The GGUF reader's unit tests,
+/// `engine/src/gguf/tests.rs`, cover the same defects on minimal files, value type by value
+/// type.)
+#[test]
+fn malformed_model_files_give_their_specific_errors() {
+    // GGUF value type ids (the spec's; the reader's constants are crate-private).
+    mod value_type {
+        pub const U8: u32 = 0;
+        pub const STRING: u32 = 8;
+        pub const ARRAY: u32 = 9;
+    }
+    type Check = fn(&EngineError) -> bool;
+    let base = Parts::llama(DIMS);
+    let tokens_len = 264u32; // 256 bytes + 7 merges + <|endoftext|>
+    let mut cases: Vec<(&str, Vec<u8>, Check)> = Vec::new();
+    let mut w = base.writer();
+    w.magic(*b"GGML");
+    cases.push((
+        "wrong magic",
+        w.to_bytes(),
+        |e| matches!(e, EngineError::Gguf(GgufError::BadMagic { found }) if found == b"GGML"),
+    ));
+    for v in [1u32, 4] {
+        let mut w = base.writer();
+        w.version(v);
+        cases.push(("wrong version", w.to_bytes(), |e| {
+            matches!(e, EngineError::Gguf(GgufError::UnsupportedVersion { .. }))
+        }));
+    }
+    for count in [u64::MAX, 1 << 40, 1 << 20] {
+        let mut w = base.writer();
+        w.tensor_count(count);
+        cases.push(("absurd tensor count", w.to_bytes(), |e| {
+            matches!(e, EngineError::Gguf(GgufError::CountTooLarge { what, offset: 8, .. }) if what == "tensor count")
+        }));
+    }
+    let mut w = base.writer();
+    w.kv_count(1 << 40);
+    cases.push(("absurd metadata count", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::CountTooLarge { what, offset: 16, .. }) if what == "metadata count")
+    }));
+    // an array claiming more strings than the file holds
+    let mut v = value_type::STRING.to_le_bytes().to_vec();
+    v.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    let mut w = base.writer();
+    w.add_raw_kv(b"z.huge_array", value_type::ARRAY, &v);
+    cases.push(("absurd array length", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::CountTooLarge { what, .. }) if what.contains("z.huge_array"))
+    }));
+    let mut v = u64::MAX.to_le_bytes().to_vec();
+    v.extend_from_slice(b"abc");
+    let mut w = base.writer();
+    w.add_raw_kv(b"z.huge_string", value_type::STRING, &v);
+    cases.push(("absurd string length", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::CountTooLarge { what, count: u64::MAX, .. }) if what.contains("z.huge_string"))
+    }));
+    let mut w = base.writer();
+    w.add_raw_kv(b"z.bad_type", 13, &[0; 8]);
+    cases.push(("unknown value type", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::UnknownValueType { key, type_id: 13, .. }) if key == "z.bad_type")
+    }));
+    let mut w = base.writer();
+    w.add_raw_kv(b"z.key\xff", value_type::U8, &[1]);
+    cases.push(("non-UTF-8 key", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::InvalidUtf8 { what, .. }) if what.contains("key of metadata pair"))
+    }));
+    let mut v = 2u64.to_le_bytes().to_vec();
+    v.extend_from_slice(b"\xc3\x28");
+    let mut w = base.writer();
+    w.add_raw_kv(b"general.name", value_type::STRING, &v);
+    cases.push(("non-UTF-8 string value", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::InvalidUtf8 { what, .. }) if what.contains("general.name"))
+    }));
+    let mut w = base.writer();
+    w.add_u32("llama.block_count", 2);
+    cases.push(("duplicate key", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::DuplicateKey { key, .. }) if key == "llama.block_count")
+    }));
+    let mut w = base.writer();
+    w.add_tensor("output_norm.weight", &[64], GgmlType::F32, vec![0; 256]);
+    cases.push(("duplicate tensor", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::DuplicateTensor { name, .. }) if name == "output_norm.weight")
+    }));
+    let mut w = base.writer();
+    w.add_tensor_raw(b"z.\x80", &[4], 0, None, vec![0; 16]);
+    cases.push(("non-UTF-8 tensor name", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::InvalidUtf8 { what, .. }) if what.contains("name of tensor 20"))
+    }));
+    let mut w = base.writer();
+    w.add_tensor(
+        "z.overflow",
+        &[1 << 32, 1 << 32],
+        GgmlType::F32,
+        vec![0; 16],
+    );
+    cases.push(("dims overflow", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::DimsOverflow { name, .. }) if name == "z.overflow")
+    }));
+    let mut w = base.writer();
+    w.add_tensor_raw(b"z.type", &[32], 99, None, vec![0; 128]);
+    cases.push(("unknown tensor type", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::UnknownTensorType { name, type_id: 99, .. }) if name == "z.type")
+    }));
+    let mut w = base.writer();
+    w.add_tensor_raw(b"z.misaligned", &[4], 0, Some(4), vec![0; 16]);
+    cases.push(("misaligned offset", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::MisalignedTensor { name, data_offset: 4, .. }) if name == "z.misaligned")
+    }));
+    let mut w = base.writer();
+    w.add_tensor_raw(b"z.far", &[4], 0, Some(1 << 40), vec![0; 16]);
+    cases.push(("out-of-range offset", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::TensorOutOfRange { name, .. }) if name == "z.far")
+    }));
+    let mut w = base.writer();
+    w.add_tensor_raw(b"z.wrap", &[4], 0, Some(u64::MAX - 31), vec![0; 16]);
+    cases.push(("offset that wraps", w.to_bytes(), |e| {
+        matches!(e, EngineError::Gguf(GgufError::TensorOutOfRange { name, start: u64::MAX, .. }) if name == "z.wrap")
+    }));
+    // model level: missing and wrongly shaped tensors, unknown tokenizer, bad token list
+    cases.push((
+        "missing tensor",
+        with(|p| {
+            p.remove_tensor("blk.1.ffn_down.weight");
+        })
+        .bytes(),
+        |e| matches!(e, EngineError::MissingTensor { name, .. } if name == "blk.1.ffn_down.weight"),
+    ));
+    cases.push((
+        "wrongly shaped tensor",
+        with(|p| p.tensor("output_norm.weight").dims = vec![32, 2]).bytes(),
+        |e| matches!(e, EngineError::TensorShape { name, .. } if name == "output_norm.weight"),
+    ));
+    cases.push((
+        "unknown tokenizer model",
+        with(|p| {
+            p.set("tokenizer.ggml.model", MetaValue::String("foo".into()));
+        })
+        .bytes(),
+        |e| {
+            matches!(e, EngineError::Tokenizer(edge_tokenizers::TokenizerError::UnsupportedModel { model, .. }) if model == "foo")
+                && e.to_string().contains("tokenizer.ggml.model")
+        },
+    ));
+    cases.push((
+        "token list of numbers",
+        with(|p| {
+            p.set(
+                "tokenizer.ggml.tokens",
+                MetaValue::Array((0..tokens_len).map(MetaValue::U32).collect()),
+            );
+        })
+        .bytes(),
+        |e| e.to_string().contains("tokenizer.ggml.tokens"),
+    ));
+    let dir = TempDir::new();
+    for (i, (what, bytes, check)) in cases.iter().enumerate() {
+        let path = dir.write(&format!("case-{i}.gguf"), bytes);
+        let e = match Model::load(&path) {
+            Ok(_) => panic!("{what}: the model loaded"),
+            Err(e) => e,
+        };
+        let msg = e.to_string();
+        assert!(check(&e), "{what}: unexpected error {e:?}: {msg}");
+        assert!(!msg.is_empty() && !msg.contains('\n'), "{what}: {msg}");
     }
 }

@@ -213,7 +213,9 @@ impl From<EngineError> for Failure {
             | EngineError::TensorShape { .. }
             | EngineError::UnsupportedTensorType { .. } => EDGERUN_ERR_MODEL,
             EngineError::Tokenizer(_) => EDGERUN_ERR_TOKENIZER,
-            EngineError::ContextFull { .. } => EDGERUN_ERR_CONTEXT_FULL,
+            EngineError::ContextFull { .. } | EngineError::ContextShift { .. } => {
+                EDGERUN_ERR_CONTEXT_FULL
+            }
             EngineError::Budget(_) => EDGERUN_ERR_OUT_OF_MEMORY,
             EngineError::InvalidArgument(_) => EDGERUN_ERR_INVALID_ARGUMENT,
             EngineError::Plan(_) | EngineError::Kernel(_) => EDGERUN_ERR_INTERNAL,

@@ -125,6 +125,14 @@ struct GenerateArgs {
     /// present, else cpu].
     #[arg(long = "device", value_name = "DEVICE", value_parser = device_arg)]
     device: Option<Device>,
+    /// When the context is full, shift it instead of stopping: keep the first --keep tokens,
+    /// drop the oldest half of the rest and go on (the model forgets the dropped tokens).
+    #[arg(long = "ctx-shift")]
+    ctx_shift: bool,
+    /// With --ctx-shift: prompt tokens never dropped [default: the BOS token, and with --chat
+    /// --system the system message]; at most the prompt's length.
+    #[arg(long = "keep", value_name = "N", allow_negative_numbers = true, value_parser = count)]
+    keep: Option<usize>,
     #[command(flatten)]
     budget: BudgetArgs,
     /// More logging on stderr (-v info: memory plan, timings; -vv debug). RUST_LOG overrides.
@@ -195,7 +203,8 @@ struct BudgetArgs {
     /// --count-weights or a unified-memory --target), e.g. 512MiB or 2GB. Without --ctx the
     /// largest context that fits is chosen; with --ctx a run that does not fit is refused before
     /// anything is allocated.
-    #[arg(long = "mem-budget", value_name = "SIZE", value_parser = mem_size)]
+    // Hyphen values allowed so that `-5MiB` is reported as a bad size, not an unknown flag.
+    #[arg(long = "mem-budget", value_name = "SIZE", allow_hyphen_values = true, value_parser = mem_size)]
     mem_budget: Option<u64>,
     /// Count the mapped weights against --mem-budget (always so on unified-memory targets).
     #[arg(long = "count-weights")]
@@ -513,14 +522,14 @@ fn main() -> ExitCode {
         .format_timestamp(None)
         .init();
     let result = std::panic::catch_unwind(move || match cli.command {
-        Some(Command::Tokenize(a)) => tokenize(a),
-        Some(Command::Inspect(a)) => inspect(a),
-        Some(Command::Plan(a)) => plan(a),
-        Some(Command::Bench(a)) => bench(a),
+        Some(Command::Tokenize(a)) => tokenize(a).map(|()| 0),
+        Some(Command::Inspect(a)) => inspect(a).map(|()| 0),
+        Some(Command::Plan(a)) => plan(a).map(|()| 0),
+        Some(Command::Bench(a)) => bench(a).map(|()| 0),
         None => generate(cli.generate),
     });
     match result {
-        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Ok(code)) => ExitCode::from(code),
         Ok(Err(e)) => {
             eprintln!("error: {}", e.msg.replace('\n', " "));
             ExitCode::from(if e.usage { 2 } else { 1 })
@@ -659,10 +668,32 @@ fn load_model(path: &Path) -> CliResult<Model> {
     Model::from_gguf(gguf).map_err(|e| engine_error(path, e).into())
 }
 
-fn generate(a: GenerateArgs) -> CliResult {
+/// Exit status after Ctrl-C stopped a generation (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// Makes the first Ctrl-C (SIGINT) set the returned flag, which the generation loop checks after
+/// each token; a second Ctrl-C, once the flag is set, exits at once with status 130.
+fn interrupt_flag() -> CliResult<Arc<std::sync::atomic::AtomicBool>> {
+    use signal_hook::{consts::SIGINT, flag};
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let err = |e: std::io::Error| CliError::from(format!("cannot install the Ctrl-C handler: {e}"));
+    // Registered first so that it sees the flag as the first Ctrl-C left it.
+    flag::register_conditional_shutdown(SIGINT, i32::from(EXIT_INTERRUPTED), Arc::clone(&stop))
+        .map_err(err)?;
+    flag::register(SIGINT, Arc::clone(&stop)).map_err(err)?;
+    Ok(stop)
+}
+
+/// Generates text; returns the exit status (0, or [`EXIT_INTERRUPTED`] after Ctrl-C).
+fn generate(a: GenerateArgs) -> CliResult<u8> {
     let path = a.model.or(a.model_pos).ok_or_else(|| {
         CliError::usage("no model given: edge-run MODEL.gguf -p PROMPT (see edge-run --help)")
     })?;
+    if a.keep.is_some() && !a.ctx_shift {
+        return Err(CliError::usage(
+            "--keep only applies to context shifting: add --ctx-shift",
+        ));
+    }
     if a.system.is_some() && !a.chat {
         return Err(CliError::usage(
             "--system only applies to chat: add --chat (or put the instructions in the prompt)",
@@ -724,6 +755,8 @@ fn generate(a: GenerateArgs) -> CliResult {
         }
     }
     let tok = &model.tokenizer;
+    // With --chat --system, the text of the system message alone: kept by --ctx-shift.
+    let mut system_text = None;
     let text = if a.chat {
         let source = model.chat_template.as_deref().ok_or_else(|| {
             format!(
@@ -743,6 +776,7 @@ fn generate(a: GenerateArgs) -> CliResult {
         let mut messages = Vec::new();
         if let Some(system) = &a.system {
             messages.push(ChatMessage::new("system", system.clone()));
+            system_text = template.render(&messages, false).ok();
         }
         messages.push(ChatMessage::new("user", prompt));
         template
@@ -800,6 +834,22 @@ fn generate(a: GenerateArgs) -> CliResult {
             session.ctx()
         )));
     }
+    let mut shifting = false;
+    if a.ctx_shift {
+        let keep = match a.keep {
+            Some(n) => n.min(ids.len()),
+            None => default_keep(tok, &ids, &text, system_text.as_deref()),
+        };
+        if keep >= session.ctx() {
+            return Err(CliError::usage(format!(
+                "--keep {keep} keeps the whole context of {} tokens, leaving nothing to shift: use a smaller --keep or a larger --ctx",
+                session.ctx()
+            )));
+        }
+        log::info!("context shift: keeping the first {keep} tokens");
+        session.set_context_policy(edge_engine::session::ContextPolicy::Shift { keep });
+        shifting = true;
+    }
     let mut sampler = Sampler::new(sampling, model.params.n_vocab);
     for &id in &ids {
         sampler.accept(id);
@@ -807,6 +857,7 @@ fn generate(a: GenerateArgs) -> CliResult {
     let mut stdout = std::io::stdout().lock();
     let write_err = |e: std::io::Error| CliError::from(format!("writing output: {e}"));
     let mut stream = StreamDecoder::new();
+    let interrupted = interrupt_flag()?;
     let t_prompt = Instant::now();
     // Greedy without penalties on a GPU: the argmax is taken on the device and only the token
     // id comes back (the same token the sampler would pick: the first maximum).
@@ -841,8 +892,11 @@ fn generate(a: GenerateArgs) -> CliResult {
         if n_gen == a.n_predict {
             break;
         }
-        if session.n_past() >= session.ctx() {
-            stop = "context full (use a larger --ctx)";
+        if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        if !shifting && session.n_past() >= session.ctx() {
+            stop = "context full (use a larger --ctx, or --ctx-shift)";
             break;
         }
         next = next_token(&mut session, &[next])?;
@@ -852,8 +906,18 @@ fn generate(a: GenerateArgs) -> CliResult {
     }
     stdout.flush().map_err(write_err)?;
     let gen_s = t_gen.elapsed().as_secs_f64();
+    // A Ctrl-C during the prompt or after the last token still counts as an interruption.
+    let was_interrupted = interrupted.load(std::sync::atomic::Ordering::Relaxed);
+    if was_interrupted {
+        stop = "interrupted (Ctrl-C)";
+    }
+    let shifts = if shifting {
+        format!("; context shifts: {}", session.n_shifts())
+    } else {
+        String::new()
+    };
     eprintln!(
-        "\n[edge-run] prompt: {} tokens in {:.0} ms ({:.1} tok/s); generated: {} tokens in {:.0} ms ({:.1} tok/s); stopped: {stop}",
+        "\n[edge-run] prompt: {} tokens in {:.0} ms ({:.1} tok/s); generated: {} tokens in {:.0} ms ({:.1} tok/s); stopped: {stop}{shifts}",
         ids.len(),
         prompt_s * 1e3,
         ids.len() as f64 / prompt_s.max(1e-9),
@@ -861,7 +925,22 @@ fn generate(a: GenerateArgs) -> CliResult {
         gen_s * 1e3,
         n_gen as f64 / gen_s.max(1e-9)
     );
-    Ok(())
+    Ok(if was_interrupted { EXIT_INTERRUPTED } else { 0 })
+}
+
+/// What `--ctx-shift` keeps without `--keep`: the BOS token if the prompt starts with one, or
+/// with `--chat --system` the system message (when its rendering is where the prompt starts
+/// and tokenizes to the prompt's first tokens).
+fn default_keep(tok: &Tokenizer, ids: &[u32], text: &str, system_text: Option<&str>) -> usize {
+    let bos = usize::from(
+        tok.add_bos() && tok.bos_id().is_some() && ids.first() == tok.bos_id().as_ref(),
+    );
+    let system = system_text
+        .filter(|s| text.starts_with(s))
+        .and_then(|s| tok.encode(s, tok.add_bos(), true).ok())
+        .filter(|sys| ids.starts_with(sys))
+        .map_or(0, |sys| sys.len());
+    bos.max(system).min(ids.len())
 }
 
 // ---- plan ----

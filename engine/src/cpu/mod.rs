@@ -34,7 +34,7 @@ mod q4_1;
 mod q8_0;
 mod q8_1;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::ops::Range;
 

@@ -103,6 +103,14 @@ impl SharedMem {
         unsafe { self.ptr.as_ptr().add(byte_offset).cast::<T>() }
     }
 
+    /// The whole block as bytes, for exclusive (single-threaded) work such as moving KV cache
+    /// rows: `&mut self` proves that no other slice of it is alive.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the allocation is `len` initialised bytes, and `&mut self` excludes every
+        // other view (all views borrow `self`).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
     /// A shared view of `n` elements at `byte_offset`.
     ///
     /// # Safety

@@ -118,6 +118,118 @@ impl KvCache {
         self.mem.len()
     }
 
+    /// Shifts the context: drops positions `keep..keep + n_discard`, moves the rows of positions
+    /// `keep + n_discard..n_past` down by `n_discard`, and rotates the moved keys by
+    /// `-n_discard` positions so that they carry the RoPE angle of their new position (angles
+    /// add, so this equals roping them at the new position, up to the rounding of the cache
+    /// type). Each key row is decoded to f32, rotated and re-encoded as the cache type (f16, or
+    /// q8_0 quantized again with `kernels`); values only move. Single-threaded: `&mut self`
+    /// guarantees that no run is in progress.
+    #[allow(clippy::too_many_arguments)]
+    pub fn shift(
+        &mut self,
+        n_past: usize,
+        keep: usize,
+        n_discard: usize,
+        head_dim: usize,
+        rope: Rope,
+        kernels: &Kernels,
+        tmp: &mut [f32],
+    ) -> Result<(), String> {
+        if keep + n_discard > n_past || n_past > self.ctx {
+            return Err(format!(
+                "context shift of {n_discard} after {keep} kept positions does not fit {n_past} \
+                 positions in a cache of {}",
+                self.ctx
+            ));
+        }
+        if tmp.len() < 2 * self.kv_dim || head_dim == 0 || self.kv_dim % head_dim != 0 {
+            return Err("context shift: bad row buffer or head size".into());
+        }
+        let (rb, ty) = (self.row_bytes, self.ty.ggml_type());
+        let (src, dst) = tmp[..2 * self.kv_dim].split_at_mut(self.kv_dim);
+        let moved = n_past - keep - n_discard;
+        let delta = -(n_discard as f32);
+        for layer in 0..self.n_layer {
+            for v in [false, true] {
+                let base = self.row_offset(layer, v, 0);
+                let mem = &mut self.mem.bytes_mut()[base..base + self.ctx * rb];
+                // Rows move down (to lower positions), so copy_within is safe in one go.
+                let from = (keep + n_discard) * rb;
+                mem.copy_within(from..from + moved * rb, keep * rb);
+                if v {
+                    continue;
+                }
+                for p in keep..keep + moved {
+                    let row = &mut mem[p * rb..(p + 1) * rb];
+                    cpu::dequantize_row(ty, row, src).map_err(|e| e.to_string())?;
+                    rope_row_at(src, dst, delta, head_dim, rope);
+                    kernels
+                        .quantize_row(ty, dst, row)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes row `pos` of the keys (`v` = false) or values of `layer` into `out` (`kv_dim`
+    /// values), e.g. to test what a shift did. `&mut self`: no run may be in progress.
+    pub fn read_row(
+        &mut self,
+        layer: usize,
+        v: bool,
+        pos: usize,
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        if layer >= self.n_layer || pos >= self.ctx || out.len() != self.kv_dim {
+            return Err(format!(
+                "no KV row {pos} of layer {layer} with {} values",
+                out.len()
+            ));
+        }
+        let off = self.row_offset(layer, v, pos);
+        let rb = self.row_bytes;
+        cpu::dequantize_row(
+            self.ty.ggml_type(),
+            &self.mem.bytes_mut()[off..off + rb],
+            out,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// Encodes `row` (`kv_dim` values) into row `pos` of the keys or values of `layer`.
+    /// `&mut self`: no run may be in progress.
+    pub fn write_row(
+        &mut self,
+        layer: usize,
+        v: bool,
+        pos: usize,
+        row: &[f32],
+        kernels: &Kernels,
+    ) -> Result<(), String> {
+        if layer >= self.n_layer || pos >= self.ctx || row.len() != self.kv_dim {
+            return Err(format!(
+                "no KV row {pos} of layer {layer} with {} values",
+                row.len()
+            ));
+        }
+        let off = self.row_offset(layer, v, pos);
+        let rb = self.row_bytes;
+        kernels
+            .quantize_row(
+                self.ty.ggml_type(),
+                row,
+                &mut self.mem.bytes_mut()[off..off + rb],
+            )
+            .map_err(|e| e.to_string())
+    }
+
+    /// Values per row (K or V of one position: KV heads x head size).
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
     /// Byte offset of row `pos` of the keys (v = false) or values (v = true) of `layer`.
     fn row_offset(&self, layer: usize, v: bool, pos: usize) -> usize {
         debug_assert!(layer < self.n_layer && pos < self.ctx);
@@ -129,12 +241,18 @@ impl KvCache {
 /// by `pos * freq_scale * freq_base^(-2i/n_rot)`, pairs adjacent (normal) or `n_rot/2` apart
 /// (NeoX); dimensions past `n_rot` pass through.
 pub(crate) fn rope_row(src: &[f32], dst: &mut [f32], pos: usize, head_dim: usize, rope: Rope) {
+    rope_row_at(src, dst, pos as f32, head_dim, rope)
+}
+
+/// [`rope_row`] at a position given as f32, which may be negative: rotating by `-d` undoes
+/// `d` positions of rotation (RoPE angles add), which is how a context shift moves cached keys.
+pub fn rope_row_at(src: &[f32], dst: &mut [f32], pos: f32, head_dim: usize, rope: Rope) {
     dst.copy_from_slice(src);
     let n_heads = src.len() / head_dim;
     let half = rope.n_rot / 2;
     let theta_scale = rope.freq_base.powf(-2.0 / rope.n_rot as f32);
     // theta_i by the same recurrence ggml uses, so the rounding matches the reference.
-    let mut theta = pos as f32;
+    let mut theta = pos;
     for i in 0..half {
         let (sin, cos) = (theta * rope.freq_scale).sin_cos();
         for h in 0..n_heads {
@@ -219,6 +337,145 @@ mod rope_tests {
             rope(RopeOrdering::NeoX, 2, 1.0),
         );
         assert_eq!(zero, [0.3, -0.4]);
+    }
+}
+
+#[cfg(test)]
+mod shift_tests {
+    use super::*;
+    use crate::cpu::testutil::Rng;
+
+    const HEAD_DIM: usize = 64;
+    const KV_DIM: usize = 2 * HEAD_DIM;
+
+    fn ropes() -> [Rope; 3] {
+        let r = |ordering, n_rot, freq_scale| Rope {
+            ordering,
+            n_rot,
+            freq_base: 10000.0,
+            freq_scale,
+        };
+        [
+            r(RopeOrdering::Normal, HEAD_DIM, 1.0),
+            r(RopeOrdering::NeoX, HEAD_DIM, 1.0),
+            // partial rotary with linear scaling
+            r(RopeOrdering::NeoX, HEAD_DIM / 2, 0.25),
+        ]
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// The math the shift relies on, in f32: roping at p then at -d is roping at p - d.
+    #[test]
+    fn rotating_by_minus_d_equals_roping_at_p_minus_d() {
+        let mut rng = Rng::new(7);
+        for rope in ropes() {
+            for (p, d) in [(10usize, 3usize), (100, 50), (3000, 1500), (4095, 2047)] {
+                let x = rng.vec(KV_DIM, 1.0);
+                let (mut at_p, mut shifted, mut direct) =
+                    (vec![0.0; KV_DIM], vec![0.0; KV_DIM], vec![0.0; KV_DIM]);
+                rope_row(&x, &mut at_p, p, HEAD_DIM, rope);
+                rope_row_at(&at_p, &mut shifted, -(d as f32), HEAD_DIM, rope);
+                rope_row(&x, &mut direct, p - d, HEAD_DIM, rope);
+                // f32 angles of a few thousand radians carry ~1e-4 of absolute error.
+                let err = max_diff(&shifted, &direct);
+                assert!(err < 2e-3, "{rope:?} p {p} d {d}: {err}");
+            }
+        }
+    }
+
+    /// A shifted cache holds, at each new position, the key roped directly at that position
+    /// (within the rounding of the cache type), the values moved unchanged, and the kept
+    /// positions untouched.
+    #[test]
+    fn shifted_keys_equal_keys_roped_at_their_new_position() {
+        let kernels = Kernels::detect();
+        let (ctx, n_past, keep, n_discard) = (24usize, 20usize, 3usize, 8usize);
+        for (ty, tol) in [(KvType::F16, 2e-3f32), (KvType::Q8_0, 2.5e-2)] {
+            for rope in ropes() {
+                let mut rng = Rng::new(11);
+                let mut kv = KvCache::new(2, ctx, KV_DIM, ty).unwrap();
+                // Unroped keys (|x| < 1) and values, per layer and position.
+                let xs: Vec<Vec<Vec<f32>>> = (0..2)
+                    .map(|_| (0..n_past).map(|_| rng.vec(KV_DIM, 1.0)).collect())
+                    .collect();
+                let vs: Vec<Vec<Vec<f32>>> = (0..2)
+                    .map(|_| (0..n_past).map(|_| rng.vec(KV_DIM, 1.0)).collect())
+                    .collect();
+                let mut k = vec![0.0; KV_DIM];
+                for l in 0..2 {
+                    for p in 0..n_past {
+                        rope_row(&xs[l][p], &mut k, p, HEAD_DIM, rope);
+                        kv.write_row(l, false, p, &k, &kernels).unwrap();
+                        kv.write_row(l, true, p, &vs[l][p], &kernels).unwrap();
+                    }
+                }
+                let snapshot = |kv: &mut KvCache, l: usize, v: bool, p: usize| {
+                    let mut out = vec![0.0; KV_DIM];
+                    kv.read_row(l, v, p, &mut out).unwrap();
+                    out
+                };
+                let before: Vec<Vec<f32>> = (0..2)
+                    .flat_map(|l| [false, true].map(|v| (l, v)))
+                    .flat_map(|(l, v)| (0..n_past).map(move |p| (l, v, p)))
+                    .map(|(l, v, p)| snapshot(&mut kv, l, v, p))
+                    .collect();
+                let idx = |l: usize, v: bool, p: usize| (l * 2 + usize::from(v)) * n_past + p;
+                let mut tmp = vec![0.0; 2 * KV_DIM];
+                kv.shift(n_past, keep, n_discard, HEAD_DIM, rope, &kernels, &mut tmp)
+                    .unwrap();
+                for l in 0..2 {
+                    for p in 0..keep {
+                        for v in [false, true] {
+                            assert_eq!(snapshot(&mut kv, l, v, p), before[idx(l, v, p)]);
+                        }
+                    }
+                    for new in keep..n_past - n_discard {
+                        let old = new + n_discard;
+                        // Values move bit for bit.
+                        assert_eq!(snapshot(&mut kv, l, true, new), before[idx(l, true, old)]);
+                        // Keys: compared with RoPE computed directly at the new position.
+                        let mut direct = vec![0.0; KV_DIM];
+                        rope_row(&xs[l][old], &mut direct, new, HEAD_DIM, rope);
+                        let got = snapshot(&mut kv, l, false, new);
+                        let err = max_diff(&got, &direct);
+                        assert!(
+                            err < tol,
+                            "{ty:?} {rope:?} layer {l} pos {old}->{new}: {err}"
+                        );
+                        // Not trivially equal to the unshifted key (the rotation happened).
+                        if n_discard > 0 && rope.n_rot > 0 {
+                            assert!(max_diff(&got, &before[idx(l, false, old)]) > tol);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn impossible_shifts_are_errors() {
+        let kernels = Kernels::detect();
+        let mut kv = KvCache::new(1, 8, KV_DIM, KvType::F16).unwrap();
+        let mut tmp = vec![0.0; 2 * KV_DIM];
+        let rope = ropes()[0];
+        assert!(kv
+            .shift(9, 0, 1, HEAD_DIM, rope, &kernels, &mut tmp)
+            .is_err());
+        assert!(kv
+            .shift(4, 3, 2, HEAD_DIM, rope, &kernels, &mut tmp)
+            .is_err());
+        assert!(kv
+            .shift(4, 0, 2, HEAD_DIM, rope, &kernels, &mut tmp[..3])
+            .is_err());
+        assert!(kv
+            .shift(4, 0, 2, HEAD_DIM, rope, &kernels, &mut tmp)
+            .is_ok());
     }
 }
 

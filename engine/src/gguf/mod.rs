@@ -779,7 +779,11 @@ fn parse_header(bytes: &[u8]) -> Result<Header, GgufError> {
     if version != 2 && version != 3 {
         return Err(GgufError::UnsupportedVersion { version });
     }
-    let tensor_count = r.count(MIN_TENSOR_INFO_BYTES, || "tensor count".into())?;
+    // The tensor count is checked against the bytes left once the metadata is read (see
+    // below): checked here, a file cut short in its metadata would be reported as a bad tensor
+    // count rather than as the field where it ends.
+    let tensor_count_offset = r.offset();
+    let tensor_count = r.u64(|| "tensor count".into())?;
     let kv_count = r.count(MIN_KV_BYTES, || "metadata count".into())?;
 
     // Metadata.
@@ -810,33 +814,67 @@ fn parse_header(bytes: &[u8]) -> Result<Header, GgufError> {
         metadata.push((key, value));
     }
 
-    // Tensor infos.
-    let mut raw = Vec::with_capacity(tensor_count);
-    let mut names = HashSet::with_capacity(tensor_count);
-    for i in 0..tensor_count {
-        let info_offset = r.offset();
-        let name = r.string(|| format!("name of tensor {i}"))?;
-        let n_dims = r.u32(|| format!("n_dims of tensor `{name}`"))?;
-        if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(GgufError::BadDimCount {
-                name,
-                n_dims,
-                offset: info_offset,
-            });
+    // Tensor infos. A count the rest of the file cannot hold is refused as such when nothing
+    // follows the metadata; otherwise the infos are read until the file ends, so that a file
+    // cut inside them is reported at the field where it ends. Either way the allocation is
+    // bounded by what the file can hold.
+    let remaining = r.remaining();
+    let plausible = tensor_count
+        .checked_mul(MIN_TENSOR_INFO_BYTES)
+        .is_some_and(|need| need <= remaining);
+    if !plausible && remaining == 0 {
+        return Err(GgufError::CountTooLarge {
+            what: "tensor count".into(),
+            count: tensor_count,
+            offset: tensor_count_offset,
+            remaining,
+        });
+    }
+    // remaining <= usize::MAX (it is a length of a slice)
+    let capacity = tensor_count.min(remaining / MIN_TENSOR_INFO_BYTES) as usize;
+    let mut raw = Vec::with_capacity(capacity);
+    let mut names = HashSet::with_capacity(capacity);
+    let infos = (|| {
+        for i in 0..tensor_count {
+            let info_offset = r.offset();
+            let name = r.string(|| format!("name of tensor {i}"))?;
+            let n_dims = r.u32(|| format!("n_dims of tensor `{name}`"))?;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return Err(GgufError::BadDimCount {
+                    name,
+                    n_dims,
+                    offset: info_offset,
+                });
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for d in 0..n_dims {
+                dims.push(r.u64(|| format!("dim {d} of tensor `{name}`"))?);
+            }
+            let type_id = r.u32(|| format!("type of tensor `{name}`"))?;
+            let rel_offset = r.u64(|| format!("data offset of tensor `{name}`"))?;
+            if !names.insert(name.clone()) {
+                return Err(GgufError::DuplicateTensor {
+                    name,
+                    offset: info_offset,
+                });
+            }
+            raw.push((name, dims, type_id, rel_offset, info_offset));
         }
-        let mut dims = Vec::with_capacity(n_dims as usize);
-        for d in 0..n_dims {
-            dims.push(r.u64(|| format!("dim {d} of tensor `{name}`"))?);
-        }
-        let type_id = r.u32(|| format!("type of tensor `{name}`"))?;
-        let rel_offset = r.u64(|| format!("data offset of tensor `{name}`"))?;
-        if !names.insert(name.clone()) {
-            return Err(GgufError::DuplicateTensor {
-                name,
-                offset: info_offset,
-            });
-        }
-        raw.push((name, dims, type_id, rel_offset, info_offset));
+        Ok(())
+    })();
+    if let Err(e) = infos {
+        // An implausible count whose infos do not end where the file does (they ran into
+        // tensor data, say) is a bad count, not a damaged info.
+        return Err(match e {
+            GgufError::Truncated { .. } => e,
+            _ if !plausible => GgufError::CountTooLarge {
+                what: "tensor count".into(),
+                count: tensor_count,
+                offset: tensor_count_offset,
+                remaining,
+            },
+            e => e,
+        });
     }
 
     let header_end = r.offset();
