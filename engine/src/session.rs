@@ -635,10 +635,10 @@ impl Session {
         }
         self.check_vocab(tokens)?;
         if let ContextPolicy::Shift { keep } = self.policy {
-            // Shifting only drops context already processed: the new tokens themselves (and
-            // the kept ones) must fit.
+            // Shifting only drops context already processed: a prompt itself (and the kept
+            // tokens) must fit. A generated token that cannot is make_room's error (--keep).
             let kept = keep.min(self.n_past);
-            if kept + tokens.len() > self.ctx() {
+            if what == "prompt" && kept + tokens.len() > self.ctx() {
                 return Err(EngineError::ContextFull {
                     what,
                     needed: kept + tokens.len(),
