@@ -451,7 +451,11 @@ pub(super) mod arm_order {
     }
 
     fn nib(qs: &[u8; 16], j: usize) -> i32 {
-        i32::from(if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 })
+        i32::from(if j < 16 {
+            qs[j] & 0x0F
+        } else {
+            qs[j - 16] >> 4
+        })
     }
 
     pub(crate) fn dot_q4_1(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
@@ -462,7 +466,11 @@ pub(super) mod arm_order {
             summs += w[ib].m() * x[ib].s() + w[ib + 1].m() * x[ib + 1].s();
             for k in 0..2 {
                 let (bw, bx) = (&w[ib + k], &x[ib + k]);
-                mla(&mut acc[k], lanes(|j| nib(&bw.qs, j), &bx.qs), bw.d() * bx.d());
+                mla(
+                    &mut acc[k],
+                    lanes(|j| nib(&bw.qs, j), &bx.qs),
+                    bw.d() * bx.d(),
+                );
             }
             ib += 2;
         }
@@ -481,7 +489,11 @@ pub(super) mod arm_order {
         while ib + 1 < nb {
             for k in 0..2 {
                 let (bw, bx) = (&w[ib + k], &x[ib + k]);
-                mla(&mut acc[k], lanes(|j| nib(&bw.qs, j) - 8, &bx.qs), bw.d() * bx.d());
+                mla(
+                    &mut acc[k],
+                    lanes(|j| nib(&bw.qs, j) - 8, &bx.qs),
+                    bw.d() * bx.d(),
+                );
             }
             ib += 2;
         }
@@ -500,7 +512,11 @@ pub(super) mod arm_order {
         while ib + 1 < nb {
             for k in 0..2 {
                 let (bw, bx) = (&w[ib + k], &x[ib + k]);
-                mla(&mut acc[k], lanes(|j| i32::from(bw.qs[j]), &bx.qs), bw.d() * bx.d());
+                mla(
+                    &mut acc[k],
+                    lanes(|j| i32::from(bw.qs[j]), &bx.qs),
+                    bw.d() * bx.d(),
+                );
             }
             ib += 2;
         }

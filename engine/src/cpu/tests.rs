@@ -188,7 +188,10 @@ fn detect_honours_env_and_names() {
         assert_eq!(k.q8_rounding(), Q8Rounding::host());
     }
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(Kernels::best().isa_name() == "avx2", Kernels::avx2().is_some());
+    assert_eq!(
+        Kernels::best().isa_name() == "avx2",
+        Kernels::avx2().is_some()
+    );
     #[cfg(target_arch = "aarch64")]
     {
         let dot = std::arch::is_aarch64_feature_detected!("dotprod");
@@ -478,7 +481,11 @@ mod neon_order {
         let xt = vec_dot_type(ty);
         let mut w = r.bytes(bytes_of(ty, n));
         for (i, blk) in w.chunks_mut(ty.block_bytes()).enumerate() {
-            let d = if extreme && i % 3 == 1 { 0.0 } else { r.f32(0.05) };
+            let d = if extreme && i % 3 == 1 {
+                0.0
+            } else {
+                r.f32(0.05)
+            };
             blk[..2].copy_from_slice(&f16_le_bytes(d));
             let q = if ty == GgmlType::Q4_1 {
                 blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.2)));
