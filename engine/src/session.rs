@@ -380,6 +380,16 @@ impl Session {
     /// Opens a session from a plan made for this model (e.g. by
     /// [`SessionPlan::within_budget`]): allocates exactly what the plan's report says.
     pub fn from_plan(model: Arc<Model>, plan: SessionPlan) -> Result<Session> {
+        Session::from_plan_with_kernels(model, plan, Kernels::detect())
+    }
+
+    /// [`Session::from_plan`] with the given kernels instead of [`Kernels::detect`]'s (to run
+    /// one instruction set in tests and benchmarks without `EDGE_RUN_ISA`).
+    pub fn from_plan_with_kernels(
+        model: Arc<Model>,
+        plan: SessionPlan,
+        kernels: Kernels,
+    ) -> Result<Session> {
         let p = &model.params;
         if plan.ctx > p.n_ctx_train {
             log::warn!(
@@ -404,7 +414,7 @@ impl Session {
                     plan.ctx,
                     p.head_dim,
                     plan.flash_attn,
-                    Kernels::detect(),
+                    kernels,
                 )
                 .map_err(|e| {
                     EngineError::InvalidArgument(format!("cannot allocate the session: {e}"))

@@ -3,8 +3,8 @@
 //! kernels (`ggml_order`: f16 dots, exp, SiLU).
 //!
 //! Every type lives in its own file (`q4_1.rs`: block layout, scalar reference, tests); SIMD
-//! variants live in `avx2.rs` and are tested against the scalar references. Which variant runs is
-//! decided once, by [`Kernels::detect`], never per call.
+//! variants live in `avx2.rs` (x86-64) and `neon.rs` (aarch64) and are tested against the scalar
+//! references. Which variant runs is decided once, by [`Kernels::detect`], never per call.
 //!
 //! # Bit-exactness with ggml
 //!
@@ -28,6 +28,8 @@ mod bf16;
 mod f16;
 mod f32;
 pub mod ggml_order;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod ops;
 mod q4_0;
 mod q4_1;
@@ -268,6 +270,10 @@ impl Q8Rounding {
     }
 }
 
+/// The names `EDGE_RUN_ISA` and [`Kernels::by_name`] accept. `avx512` is accepted for the
+/// command line's sake; this build has no separate AVX-512 kernels (see [`Kernels::by_name`]).
+pub const ISA_NAMES: [&str; 4] = ["scalar", "avx2", "avx512", "neon"];
+
 /// Which instruction set a [`Kernels`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isa {
@@ -275,6 +281,9 @@ enum Isa {
     /// x86_64 AVX2 + FMA + F16C; the token proves they were detected.
     #[cfg(target_arch = "x86_64")]
     Avx2(avx2::Token),
+    /// aarch64 NEON, with or without the dot-product instructions; the token proves them.
+    #[cfg(target_arch = "aarch64")]
+    Neon(neon::Token),
 }
 
 /// Kernels chosen once at load: the scalar references, or SIMD variants behind run-time CPU
@@ -287,11 +296,13 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// The best kernels this CPU runs, unless the environment variable `EDGE_RUN_ISA=scalar` forces
-    /// the scalar references (`EDGE_RUN_ISA=avx2` asks for AVX2 and falls back to scalar, with a
-    /// warning, when the CPU lacks it). Activation rounding is [`Q8Rounding::GgmlRef`] unless
-    /// `EDGE_RUN_Q8_ROUNDING` is `arm` or `x86`. Neither choice changes results beyond the last
-    /// bits of dot products: every instruction set quantizes identically.
+    /// The best kernels this CPU runs, unless the environment variable `EDGE_RUN_ISA` names a
+    /// path ([`Kernels::by_name`]: `scalar`, `avx2`, `avx512`, `neon`; `auto` or empty = the
+    /// best): a path this CPU (or build) lacks falls back to scalar with a warning, an unknown
+    /// name to the best path with a warning. Activation rounding is the host's flavour
+    /// ([`Q8Rounding::host`]) unless `EDGE_RUN_Q8_ROUNDING` is `ref`, `arm` or `x86`. Neither
+    /// choice changes results beyond the last bits of dot products: every instruction set
+    /// quantizes identically.
     pub fn detect() -> Kernels {
         // llama.cpp's outputs define correct, and llama.cpp rounds activations the way its SIMD
         // code for this architecture does: match that by default.
@@ -311,18 +322,66 @@ impl Kernels {
     fn detect_isa() -> Kernels {
         let want = std::env::var("EDGE_RUN_ISA").ok();
         match want.as_deref() {
-            Some("scalar") => return Kernels::scalar(),
-            None | Some("") | Some("auto") | Some("avx2") => {}
-            Some(other) => log::warn!("EDGE_RUN_ISA={other} is not known; detecting the CPU"),
+            None | Some("") | Some("auto") => Kernels::best(),
+            Some(name) if ISA_NAMES.contains(&name) => Kernels::by_name(name).unwrap_or_else(|| {
+                log::warn!(
+                    "EDGE_RUN_ISA={name} but this CPU or build has no {name} kernels; using scalar kernels"
+                );
+                Kernels::scalar()
+            }),
+            Some(other) => {
+                log::warn!(
+                    "EDGE_RUN_ISA={other} is not known (use one of {}); detecting the CPU",
+                    ISA_NAMES.join(", ")
+                );
+                Kernels::best()
+            }
         }
+    }
+
+    /// The best kernels this CPU runs (activation rounding [`Q8Rounding::GgmlRef`], like every
+    /// constructor but [`Kernels::detect`]).
+    pub fn best() -> Kernels {
         #[cfg(target_arch = "x86_64")]
         if let Some(k) = Kernels::avx2() {
             return k;
         }
-        if want.as_deref() == Some("avx2") {
-            log::warn!("EDGE_RUN_ISA=avx2 but this CPU lacks avx2/fma/f16c; using scalar kernels");
+        #[cfg(target_arch = "aarch64")]
+        if let Some(k) = Kernels::neon() {
+            return k;
         }
         Kernels::scalar()
+    }
+
+    /// The kernels of the instruction set named `name` (one of [`ISA_NAMES`]), if this CPU and
+    /// this build have them; `neon` is the best NEON variant (with `sdot` where the CPU has the
+    /// dot-product instructions). Activation rounding is [`Q8Rounding::GgmlRef`]; use
+    /// [`Kernels::with_q8_rounding`] (with [`Q8Rounding::host`] to match [`Kernels::detect`]).
+    /// This build has no separate AVX-512 kernels yet, so `avx512` is `None`.
+    pub fn by_name(name: &str) -> Option<Kernels> {
+        match name {
+            "scalar" => Some(Kernels::scalar()),
+            #[cfg(target_arch = "x86_64")]
+            "avx2" => Kernels::avx2(),
+            #[cfg(target_arch = "aarch64")]
+            "neon" => Kernels::neon(),
+            _ => None,
+        }
+    }
+
+    /// Every kernel set this CPU runs, scalar first: what tests compare against each other. On
+    /// aarch64 with the dot-product instructions both NEON variants are listed.
+    pub fn available() -> Vec<Kernels> {
+        #[allow(unused_mut)] // one entry on CPUs without SIMD kernels
+        let mut v = vec![Kernels::scalar()];
+        #[cfg(target_arch = "x86_64")]
+        v.extend(Kernels::avx2());
+        #[cfg(target_arch = "aarch64")]
+        {
+            v.extend(Kernels::neon_without_dotprod());
+            v.extend(Kernels::neon().filter(|k| k.isa_name() == "neon+dotprod"));
+        }
+        v
     }
 
     /// The scalar reference kernels (portable; what every SIMD variant is tested against).
@@ -352,12 +411,41 @@ impl Kernels {
         })
     }
 
-    /// The instruction set in use: `"scalar"` or `"avx2"`.
+    /// The NEON kernels, if this CPU has NEON (every aarch64 CPU Linux runs on): with `sdot` if
+    /// it has the dot-product instructions (ARMv8.2 `dotprod`, e.g. Orin's Cortex-A78AE), else
+    /// with widening multiplies.
+    #[cfg(target_arch = "aarch64")]
+    pub fn neon() -> Option<Kernels> {
+        neon::Token::detect().map(|t| Kernels {
+            isa: Isa::Neon(t),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
+    /// The NEON kernels with widening multiplies even where the CPU has `sdot` (results are
+    /// bit-identical to [`Kernels::neon`]'s; for tests and benchmarks).
+    #[cfg(target_arch = "aarch64")]
+    pub fn neon_without_dotprod() -> Option<Kernels> {
+        neon::Token::detect().map(|t| Kernels {
+            isa: Isa::Neon(t.without_dotprod()),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
+    /// The instruction set in use: `"scalar"`, `"avx2"`, `"neon"` or `"neon+dotprod"`.
     pub fn isa_name(&self) -> &'static str {
         match self.isa {
             Isa::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2(_) => "avx2",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon(t) => {
+                if t.dotprod() {
+                    "neon+dotprod"
+                } else {
+                    "neon"
+                }
+            }
         }
     }
 
@@ -380,6 +468,10 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q8_0) => avx2::quantize_row_q8_0(t, src, blocks_mut(dst), r),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), _) => avx2::quantize_row_q8_1(t, src, blocks_mut(dst), r),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q8_0) => neon::quantize_row_q8_0(t, src, blocks_mut(dst), r),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), _) => neon::quantize_row_q8_1(t, src, blocks_mut(dst), r),
             (_, GgmlType::Q8_0) => q8_0::quantize_row_with(src, blocks_mut(dst), r),
             _ => q8_1::quantize_row_with(src, blocks_mut(dst), r),
         }
@@ -410,6 +502,12 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q4_0) => avx2::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q8_0) => avx2::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_1) => neon::dot_q4_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_0) => neon::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q8_0) => neon::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
             (_, GgmlType::F32) => f32::vec_dot(w, x),
             (_, GgmlType::F16) => f16::vec_dot(w, x),
             (_, GgmlType::BF16) => bf16::vec_dot(w, x),
@@ -476,6 +574,21 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q8_0) => {
                 let xb = blocks(x);
                 rows_with!(|wr| avx2::dot_q8_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| neon::dot_q4_1_q8_1(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| neon::dot_q4_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| neon::dot_q8_0_q8_0(t, blocks(wr), xb))
             }
             (_, GgmlType::Q4_1) => {
                 let xb = blocks(x);

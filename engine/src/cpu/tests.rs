@@ -180,27 +180,50 @@ fn matvec_rows_relative_output() {
 fn detect_honours_env_and_names() {
     assert_eq!(Kernels::scalar().isa_name(), "scalar");
     let k = Kernels::detect();
-    assert!(["scalar", "avx2"].contains(&k.isa_name()));
-    #[cfg(target_arch = "x86_64")]
+    assert!(["scalar", "avx2", "neon", "neon+dotprod"].contains(&k.isa_name()));
     if std::env::var("EDGE_RUN_ISA").is_err() {
-        assert_eq!(k.isa_name() == "avx2", Kernels::avx2().is_some());
+        assert_eq!(k.isa_name(), Kernels::best().isa_name());
     }
+    if std::env::var("EDGE_RUN_Q8_ROUNDING").is_err() {
+        assert_eq!(k.q8_rounding(), Q8Rounding::host());
+    }
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(
+        Kernels::best().isa_name() == "avx2",
+        Kernels::avx2().is_some()
+    );
+    #[cfg(target_arch = "aarch64")]
+    {
+        let dot = std::arch::is_aarch64_feature_detected!("dotprod");
+        let want = if dot { "neon+dotprod" } else { "neon" };
+        assert_eq!(Kernels::best().isa_name(), want);
+        assert_eq!(Kernels::by_name("neon").unwrap().isa_name(), want);
+        assert_eq!(Kernels::neon_without_dotprod().unwrap().isa_name(), "neon");
+        assert!(Kernels::by_name("avx2").is_none());
+    }
+    // Every name is accepted; a path this build or CPU lacks is None, an unknown name too.
+    for name in ISA_NAMES {
+        if let Some(k) = Kernels::by_name(name) {
+            assert!(k.isa_name().starts_with(name), "{name}: {}", k.isa_name());
+        }
+    }
+    assert_eq!(Kernels::by_name("scalar"), Some(Kernels::scalar()));
+    assert!(Kernels::by_name("sse9").is_none());
+    let names: Vec<&str> = Kernels::available().iter().map(|k| k.isa_name()).collect();
+    assert_eq!(names[0], "scalar");
+    assert!(names.contains(&Kernels::best().isa_name()));
 }
 
-/// Every available instruction set.
+/// Every available instruction set (on aarch64 with `dotprod`: both NEON variants).
 fn all_kernels() -> Vec<Kernels> {
-    #[allow(unused_mut)] // only x86-64 has a second set so far
-    let mut v = vec![Kernels::scalar()];
-    #[cfg(target_arch = "x86_64")]
-    v.extend(Kernels::avx2());
-    v
+    Kernels::available()
 }
 
 #[test]
 fn simd_quantize_bit_identical() {
     let mut r = Rng::new(103);
     for k in all_kernels() {
-        for nb in [1usize, 2, 3, 5, 17, 48] {
+        for nb in [1usize, 2, 3, 5, 7, 17, 33, 48] {
             let n = nb * 32;
             let mut x = r.vec(n, 4.0);
             // Exact ties and special values: with amax = 127 per block, d = 1 and the inputs are
@@ -312,7 +335,7 @@ fn simd_dots_match_scalar() {
     let mut r = Rng::new(104);
     for k in all_kernels() {
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            for nb in [1usize, 2, 3, 5, 7, 18, 48, 49] {
+            for nb in [1usize, 2, 3, 5, 7, 18, 33, 48, 49] {
                 let n = nb * 32;
                 let xt = vec_dot_type(ty);
                 // Random raw weight bytes (any nibble / any i8, incl. -128) with sane scales.
@@ -423,6 +446,158 @@ fn bench_matvec_q4_1() {
             }
             let s = t.elapsed().as_secs_f64() / reps as f64;
             println!("q8_1 quantize {n} {:>6}: {:8.2} us", k.isa_name(), s * 1e6);
+        }
+    }
+}
+
+/// The NEON kernels: both variants (`sdot` where the CPU has it, widening multiplies always)
+/// equal the scalar emulation of ggml's NEON order bit for bit, on random and extreme blocks.
+#[cfg(target_arch = "aarch64")]
+mod neon_order {
+    use super::super::neon::arm_order;
+    use super::*;
+
+    fn neon_kernels() -> Vec<Kernels> {
+        let v: Vec<Kernels> = Kernels::available()
+            .into_iter()
+            .filter(|k| k.isa_name().starts_with("neon"))
+            .collect();
+        // qemu-aarch64 (`-cpu max`, its user-mode default) and Orin both have dotprod; a
+        // machine without it still tests the widening variant.
+        eprintln!(
+            "NEON variants tested: {:?} (dotprod detected: {})",
+            v.iter().map(|k| k.isa_name()).collect::<Vec<_>>(),
+            std::arch::is_aarch64_feature_detected!("dotprod")
+        );
+        assert!(!v.is_empty());
+        v
+    }
+
+    /// Raw random blocks of `ty` (any nibble / any i8) with random scales; `extreme` makes every
+    /// weight quant the most negative value (-128 for q8_0, nibble 0 = -8 for q4_0), puts
+    /// -128 in the activations and zeroes some scales.
+    fn rows(r: &mut Rng, ty: GgmlType, nb: usize, extreme: bool) -> (Vec<u8>, Vec<u8>) {
+        let n = nb * 32;
+        let xt = vec_dot_type(ty);
+        let mut w = r.bytes(bytes_of(ty, n));
+        for (i, blk) in w.chunks_mut(ty.block_bytes()).enumerate() {
+            let d = if extreme && i % 3 == 1 {
+                0.0
+            } else {
+                r.f32(0.05)
+            };
+            blk[..2].copy_from_slice(&f16_le_bytes(d));
+            let q = if ty == GgmlType::Q4_1 {
+                blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.2)));
+                4
+            } else {
+                2
+            };
+            if extreme {
+                let v = if ty == GgmlType::Q8_0 { 0x80 } else { 0x00 };
+                blk[q..].fill(v);
+            }
+        }
+        let mut x = vec![0u8; bytes_of(xt, n)];
+        quantize_row(xt, &r.vec(n, 2.0), &mut x).unwrap();
+        if extreme {
+            let q = if xt == GgmlType::Q8_1 { 4 } else { 2 };
+            for (i, blk) in x.chunks_mut(xt.block_bytes()).enumerate() {
+                blk[q..].fill(0x80); // -128 everywhere
+                if i % 4 == 2 {
+                    blk[..2].fill(0); // d_x = 0
+                }
+            }
+        }
+        (w, x)
+    }
+
+    fn emulated(ty: GgmlType, w: &[u8], x: &[u8]) -> f32 {
+        match ty {
+            GgmlType::Q4_1 => arm_order::dot_q4_1(blocks(w), blocks(x)),
+            GgmlType::Q4_0 => arm_order::dot_q4_0(blocks(w), blocks(x)),
+            _ => arm_order::dot_q8_0(blocks(w), blocks(x)),
+        }
+    }
+
+    #[test]
+    fn dots_follow_ggml_neon_order_bit_for_bit() {
+        let mut r = Rng::new(200);
+        let ks = neon_kernels();
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for nb in [1usize, 2, 3, 4, 7, 33, 48] {
+                for extreme in [false, true] {
+                    let (w, x) = rows(&mut r, ty, nb, extreme);
+                    let n = nb * 32;
+                    let want = emulated(ty, &w, &x);
+                    for k in &ks {
+                        let got = k.vec_dot(ty, n, &w, &x);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{} {ty} nb={nb} extreme={extreme}: {got} vs {want}",
+                            k.isa_name()
+                        );
+                    }
+                    // And close to the scalar reference (another order).
+                    let s = vec_dot(ty, n, &w, &x);
+                    let (mut wd, mut xd) = (vec![0.0; n], vec![0.0; n]);
+                    dequantize_row(ty, &w, &mut wd).unwrap();
+                    dequantize_row(vec_dot_type(ty), &x, &mut xd).unwrap();
+                    let mag: f32 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum();
+                    let ms: f32 = if ty == GgmlType::Q4_1 {
+                        let (wb, xb): (&[BlockQ4_1], &[BlockQ8_1]) = (blocks(&w), blocks(&x));
+                        wb.iter().zip(xb).map(|(a, b)| (a.m() * b.s()).abs()).sum()
+                    } else {
+                        0.0
+                    };
+                    assert!(
+                        (want - s).abs() <= 1e-5 * (mag + ms) + 1e-6,
+                        "{ty} nb={nb} extreme={extreme}: {want} vs scalar {s}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_integers_are_exact() {
+        // Q8_0 weights and activations all -128 with d = 1: every lane of every block is
+        // 8 * 16384; 33 blocks sum exactly to 33 * 32 * 16384. Q4_0 nibble 0 (-8) times -128.
+        let nb = 33;
+        let mut w = vec![0u8; 34 * nb];
+        let mut x = vec![0u8; 34 * nb];
+        for (bw, bx) in w.chunks_mut(34).zip(x.chunks_mut(34)) {
+            bw[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+            bx[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+            bw[2..].fill(0x80);
+            bx[2..].fill(0x80);
+        }
+        let mut w4 = vec![0u8; 18 * nb];
+        for b in w4.chunks_mut(18) {
+            b[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+        }
+        for k in neon_kernels() {
+            assert_eq!(
+                k.vec_dot(GgmlType::Q8_0, 32 * nb, &w, &x),
+                (nb * 32 * 16384) as f32,
+                "{}",
+                k.isa_name()
+            );
+            assert_eq!(
+                k.vec_dot(GgmlType::Q4_0, 32 * nb, &w4, &x),
+                (nb * 32 * 8 * 128) as f32,
+                "{}",
+                k.isa_name()
+            );
+        }
+    }
+
+    #[test]
+    fn default_rounding_is_arm() {
+        assert_eq!(Q8Rounding::host(), Q8Rounding::GgmlArm);
+        if std::env::var("EDGE_RUN_Q8_ROUNDING").is_err() {
+            assert_eq!(Kernels::detect().q8_rounding(), Q8Rounding::GgmlArm);
         }
     }
 }
