@@ -164,6 +164,85 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + expf(0.0 - x))
 }
 
+// ---- quantized dot products in the order of ggml's x86 AVX2 kernels ----
+//
+// ggml's `ggml_vec_dot_q4_1_q8_1`, `_q4_0_q8_0` and `_q8_0_q8_0` on x86 (the AVX2 branch, which
+// its AVX-512 builds use too) keep one 8-lane f32 accumulator: per block, lane j gets the exact
+// integer sum of the products of elements 4j..4j+3, converted to f32 and fused-multiply-added
+// with the block's scale product `d_w * d_x`; at the end the lanes are reduced as
+// `hsum_float_8` does (halves added lane-wise, then `(t0 + t2) + (t1 + t3)`). Q4_1 adds the
+// `m_w * s_x` terms in a separate running f32 sum, added last. These functions are that order in
+// portable code: the scalar kernel set on x86-64 uses them, so that every instruction-set path
+// gives llama.cpp's tokens (the `avx2` module computes the same in registers).
+
+/// Lanes of ggml's AVX2 float accumulator.
+const Q_LANES: usize = 8;
+
+/// `hsum_float_8`: the 8 lanes folded in ggml's order.
+#[inline(always)]
+fn hsum8(acc: &[f32; Q_LANES]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// Folds one block into the accumulator: lane j += d * (sum of `prod(k)` for k in 4j..4j+3).
+#[inline(always)]
+fn block_fma(acc: &mut [f32; Q_LANES], d: f32, prod: impl Fn(usize) -> i32) {
+    for (j, a) in acc.iter_mut().enumerate() {
+        let s: i32 = (4 * j..4 * j + 4).map(&prod).sum();
+        *a = d.mul_add(s as f32, *a);
+    }
+}
+
+/// The weight nibble of element `k` of a Q4 block (low nibbles are elements 0..15).
+#[inline(always)]
+fn nibble(qs: &[u8; 16], k: usize) -> i32 {
+    i32::from(if k < 16 {
+        qs[k] & 0x0F
+    } else {
+        qs[k - 16] >> 4
+    })
+}
+
+#[inline(always)]
+fn f16_from(b: [u8; 2]) -> f32 {
+    super::f16_bits_to_f32(u16::from_le_bytes(b))
+}
+
+/// Q4_1 · Q8_1 in ggml's x86 order.
+pub fn dot_q4_1_q8_1_x86(w: &[super::BlockQ4_1], x: &[super::BlockQ8_1]) -> f32 {
+    let mut acc = [0.0f32; Q_LANES];
+    let mut m = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_from(bw.d) * f16_from(bx.d);
+        m += f16_from(bw.m) * f16_from(bx.s);
+        block_fma(&mut acc, d, |k| nibble(&bw.qs, k) * i32::from(bx.qs[k]));
+    }
+    hsum8(&acc) + m
+}
+
+/// Q4_0 · Q8_0 in ggml's x86 order.
+pub fn dot_q4_0_q8_0_x86(w: &[super::BlockQ4_0], x: &[super::BlockQ8_0]) -> f32 {
+    let mut acc = [0.0f32; Q_LANES];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_from(bw.d) * f16_from(bx.d);
+        block_fma(&mut acc, d, |k| {
+            (nibble(&bw.qs, k) - 8) * i32::from(bx.qs[k])
+        });
+    }
+    hsum8(&acc)
+}
+
+/// Q8_0 · Q8_0 in ggml's x86 order.
+pub fn dot_q8_0_q8_0_x86(w: &[super::BlockQ8_0], x: &[super::BlockQ8_0]) -> f32 {
+    let mut acc = [0.0f32; Q_LANES];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_from(bw.d) * f16_from(bx.d);
+        block_fma(&mut acc, d, |k| i32::from(bw.qs[k]) * i32::from(bx.qs[k]));
+    }
+    hsum8(&acc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

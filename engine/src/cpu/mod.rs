@@ -508,11 +508,21 @@ impl Kernels {
             (Isa::Neon(t), GgmlType::Q4_0) => neon::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "aarch64")]
             (Isa::Neon(t), GgmlType::Q8_0) => neon::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
+            // The scalar set on x86-64 adds in ggml's x86 order, as the avx2 set does.
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_1) => ggml_order::dot_q4_1_q8_1_x86(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_0) => ggml_order::dot_q4_0_q8_0_x86(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q8_0) => ggml_order::dot_q8_0_q8_0_x86(blocks(w), blocks(x)),
             (_, GgmlType::F32) => f32::vec_dot(w, x),
             (_, GgmlType::F16) => f16::vec_dot(w, x),
             (_, GgmlType::BF16) => bf16::vec_dot(w, x),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q4_0) => q4_0::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q4_1) => q4_1::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q8_0) => q8_0::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q8_1) => q8_1::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Unsupported(id)) => panic!("vec_dot: unsupported weight type id {id}"),
@@ -590,14 +600,32 @@ impl Kernels {
                 let xb = blocks(x);
                 rows_with!(|wr| neon::dot_q8_0_q8_0(t, blocks(wr), xb))
             }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| ggml_order::dot_q4_1_q8_1_x86(blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| ggml_order::dot_q4_0_q8_0_x86(blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| ggml_order::dot_q8_0_q8_0_x86(blocks(wr), xb))
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q4_1) => {
                 let xb = blocks(x);
                 rows_with!(|wr| q4_1::vec_dot(blocks(wr), xb))
             }
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q4_0) => {
                 let xb = blocks(x);
                 rows_with!(|wr| q4_0::vec_dot(blocks(wr), xb))
             }
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q8_0) => {
                 let xb = blocks(x);
                 rows_with!(|wr| q8_0::vec_dot(blocks(wr), xb))

@@ -66,6 +66,9 @@ pub(super) fn quantize_row(src: &[f32], dst: &mut [BlockQ4_0]) {
 }
 
 /// Q4_0 weights . Q8_0 activations (scalar reference).
+// The reference, and the scalar kernel off x86-64 (on x86-64 the scalar set adds in ggml's
+// order instead, see `ggml_order`).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 pub(super) fn vec_dot(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut sumf = 0.0f32;

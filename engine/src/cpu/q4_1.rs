@@ -77,6 +77,9 @@ pub(super) fn quantize_row(src: &[f32], dst: &mut [BlockQ4_1]) {
 }
 
 /// Q4_1 weights . Q8_1 activations (scalar reference).
+// The reference, and the scalar kernel off x86-64 (on x86-64 the scalar set adds in ggml's
+// order instead, see `ggml_order`).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 pub(super) fn vec_dot(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut sumf = 0.0f32;

@@ -98,6 +98,9 @@ pub(super) fn dequantize_row(src: &[BlockQ8_0], dst: &mut [f32]) {
 }
 
 /// Q8_0 weights . Q8_0 activations: `sum_b (sum_j qw*qx) * (d_w * d_x)`.
+// The reference, and the scalar kernel off x86-64 (on x86-64 the scalar set adds in ggml's
+// order instead, see `ggml_order`).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 pub(super) fn vec_dot(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut sumf = 0.0f32;

@@ -378,6 +378,36 @@ fn simd_dots_match_scalar() {
     }
 }
 
+/// On x86-64 the scalar set adds in ggml's AVX2 order (`ggml_order::dot_*_x86`), so it equals
+/// the avx2 set bit for bit: every instruction-set path gives llama.cpp's tokens.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn scalar_dots_follow_the_avx2_order_bit_for_bit() {
+    let Some(avx2) = Kernels::by_name("avx2") else {
+        eprintln!("no AVX2 on this CPU: skipped");
+        return;
+    };
+    let scalar = Kernels::by_name("scalar").unwrap();
+    let mut r = Rng::new(105);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for nb in [1usize, 2, 3, 7, 33, 48] {
+            let n = nb * 32;
+            let xt = vec_dot_type(ty);
+            let mut w = r.bytes(bytes_of(ty, n));
+            for blk in w.chunks_mut(ty.block_bytes()) {
+                blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                if ty == GgmlType::Q4_1 {
+                    blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.2)));
+                }
+            }
+            let mut x = vec![0u8; bytes_of(xt, n)];
+            quantize_row(xt, &r.vec(n, 2.0), &mut x).unwrap();
+            let (a, b) = (scalar.vec_dot(ty, n, &w, &x), avx2.vec_dot(ty, n, &w, &x));
+            assert_eq!(a.to_bits(), b.to_bits(), "{ty} nb={nb}: {a} vs {b}");
+        }
+    }
+}
+
 #[test]
 fn q8_0_extremes_exact() {
     // -128 * -128 and 127 * -128 in every lane: the SIMD path must not use the sign trick.
