@@ -24,6 +24,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_quants;
 mod bf16;
 mod f16;
 mod f32;
@@ -458,6 +460,12 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q4_0) => avx2::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q8_0) => avx2::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_0) => avx2_quants::dot_q5_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) => avx2_quants::dot_q4_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
             (_, GgmlType::F32) => f32::vec_dot(w, x),
             (_, GgmlType::F16) => f16::vec_dot(w, x),
             (_, GgmlType::BF16) => bf16::vec_dot(w, x),
@@ -534,6 +542,18 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q8_0) => {
                 let xb = blocks(x);
                 rows_with!(|wr| avx2::dot_q8_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_0) => {
+                rows_with!(|wr| avx2_quants::dot_q5_0_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) => {
+                rows_with!(|wr| avx2_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q6_K) => {
+                rows_with!(|wr| avx2_quants::dot_q6_k_q8_k(t, blocks(wr), blocks(x)))
             }
             (_, GgmlType::Q4_1) => {
                 let xb = blocks(x);

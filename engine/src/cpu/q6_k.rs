@@ -32,7 +32,7 @@ unsafe impl Block for BlockQ6_K {}
 impl BlockQ6_K {
     /// The 256 quants (-32..=31) in element order.
     #[inline(always)]
-    fn quants(&self) -> [i8; QK_K] {
+    pub(super) fn quants(&self) -> [i8; QK_K] {
         let mut q = [0i8; QK_K];
         for h in 0..2 {
             let ql = &self.ql[64 * h..64 * h + 64];
