@@ -1,7 +1,8 @@
-//! x86_64 kernels for Q5_0, Q4_K and Q6_K that add in the order of ggml's AVX2 code
-//! (`ggml_vec_dot_q5_0_q8_0`, llamafile's tinyBLAS for Q5_0 batches, `ggml_vec_dot_q4_K_q8_K`,
-//! `ggml_vec_dot_q6_K_q8_K`), so that files of these types (Q4_K_M holds all three) give
-//! llama.cpp's numbers on x86-64.
+//! x86_64 kernels for Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K that add in the order of ggml's AVX2
+//! code (`ggml_vec_dot_q5_0_q8_0` / llamafile's tinyBLAS, `ggml_vec_dot_q5_1_q8_1`, tinyBLAS for
+//! IQ4_NL, `ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`), so that files of these types give
+//! llama.cpp's numbers on x86-64 (measured in `tests/tests/quant_reference.rs`: Q5_0, Q5_1 and
+//! IQ4_NL files are bit-exact; the k-quants are not yet, see the README).
 //!
 //! The shape every one of them shares: per block, eight exact i32 lane sums, lane `i` holding the
 //! (scaled) products of elements `4i..4i+4` of each 32-element group (what `maddubs` + `madd`
@@ -15,10 +16,13 @@
 //! fused instruction, as `_mm256_fmadd_ps` is.
 
 use super::avx2::Token;
+use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::q4_k::{scale_min_k4, BlockQ4_K};
 use super::q5_0::BlockQ5_0;
+use super::q5_1::BlockQ5_1;
 use super::q6_k::BlockQ6_K;
 use super::q8_0::BlockQ8_0;
+use super::q8_1::BlockQ8_1;
 use super::q8_k::BlockQ8_K;
 use super::{f16_le, QK};
 
@@ -39,6 +43,54 @@ unsafe fn dot_q5_0_q8_0_impl(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
         for (i, l) in lanes.iter_mut().enumerate() {
             for e in 4 * i..4 * i + 4 {
                 *l += (i32::from(q[e]) - 16) * i32::from(bx.qs[e]);
+            }
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Q5_1 . Q8_1 as ggml's AVX2 `ggml_vec_dot_q5_1_q8_1`: lanes as Q5_0 (no offset), and the
+/// `m_w * s_x` products summed in one f32 in block order, added after the lanes' `hsum`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1_q8_1_impl(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        summs += bw.m() * bx.s();
+        let d = bw.d() * bx.d();
+        let q = bw.quants();
+        let mut lanes = [0i32; 8];
+        for (i, l) in lanes.iter_mut().enumerate() {
+            for e in 4 * i..4 * i + 4 {
+                *l += i32::from(q[e]) * i32::from(bx.qs[e]);
+            }
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = (l as f32).mul_add(d, *a);
+        }
+    }
+    hsum8(&acc) + summs
+}
+
+/// IQ4_NL . Q8_0 as llamafile's tinyBLAS (which llama.cpp's x86 build runs for IQ4_NL): the Q5_0
+/// shape with table values.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_nl_q8_0_impl(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bw.d() * bx.d();
+        let mut lanes = [0i32; 8];
+        for (i, l) in lanes.iter_mut().enumerate() {
+            for e in 4 * i..4 * i + 4 {
+                let n = if e < 16 {
+                    bw.qs[e] & 0x0F
+                } else {
+                    bw.qs[e - 16] >> 4
+                };
+                *l += i32::from(KVALUES_IQ4NL[usize::from(n)]) * i32::from(bx.qs[e]);
             }
         }
         for (a, l) in acc.iter_mut().zip(lanes) {
@@ -120,6 +172,18 @@ pub(super) fn dot_q5_0_q8_0(_: Token, w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
     debug_assert_eq!(QK, 32);
     // SAFETY: see above.
     unsafe { dot_q5_0_q8_0_impl(w, x) }
+}
+
+pub(super) fn dot_q5_1_q8_1(_: Token, w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    // SAFETY: see above.
+    unsafe { dot_q5_1_q8_1_impl(w, x) }
+}
+
+pub(super) fn dot_iq4_nl_q8_0(_: Token, w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    // SAFETY: see above.
+    unsafe { dot_iq4_nl_q8_0_impl(w, x) }
 }
 
 pub(super) fn dot_q4_k_q8_k(_: Token, w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {

@@ -463,6 +463,12 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0) => avx2_quants::dot_q5_0_q8_0(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_1) => avx2_quants::dot_q5_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) => {
+                avx2_quants::dot_iq4_nl_q8_0(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) => avx2_quants::dot_q4_k_q8_k(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
@@ -546,6 +552,14 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0) => {
                 rows_with!(|wr| avx2_quants::dot_q5_0_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_1) => {
+                rows_with!(|wr| avx2_quants::dot_q5_1_q8_1(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) => {
+                rows_with!(|wr| avx2_quants::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) => {

@@ -41,7 +41,7 @@ impl BlockQ5_1 {
 
     /// The 32 unsigned 5-bit quants (0..=31), in element order.
     #[inline(always)]
-    fn quants(&self) -> [u8; QK] {
+    pub(super) fn quants(&self) -> [u8; QK] {
         let qh = u32::from_le_bytes(self.qh);
         let mut q = [0u8; QK];
         for j in 0..QK / 2 {
