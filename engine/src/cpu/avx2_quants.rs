@@ -146,16 +146,23 @@ unsafe fn dot_q6_k_q8_k_impl(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     for (bw, bx) in w.iter().zip(x) {
         let d = bx.d() * f16_le(bw.d);
         let q = bw.quants();
+        // ggml multiplies the unsigned quants (q + 32) and subtracts 32 * scale * bsum afterwards,
+        // lane `i` taking sub-blocks 2i and 2i + 1: the lanes differ from a signed sum's.
         let mut lanes = [0i32; 8];
         for c in 0..8 {
             for (i, l) in lanes.iter_mut().enumerate() {
                 let base = 32 * c + 4 * i;
                 let mut s = 0i32;
                 for e in base..base + 4 {
-                    s += i32::from(q[e]) * i32::from(bx.qs[e]);
+                    s += (i32::from(q[e]) + 32) * i32::from(bx.qs[e]);
                 }
                 *l += i32::from(bw.scales[base / 16]) * s;
             }
+        }
+        for (i, l) in lanes.iter_mut().enumerate() {
+            let sub = bx.bsum(2 * i) * i32::from(bw.scales[2 * i])
+                + bx.bsum(2 * i + 1) * i32::from(bw.scales[2 * i + 1]);
+            *l -= sub << 5;
         }
         for (a, l) in acc.iter_mut().zip(lanes) {
             *a = d.mul_add(l as f32, *a);
