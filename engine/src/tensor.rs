@@ -27,20 +27,28 @@ pub enum GgmlType {
     /// 32 weights: f16 `d`, f16 `m`, 32 fifth bits, 16 bytes of nibbles; `w = d * q + m`.
     Q5_1,
     /// 256 weights: 16 sub-blocks with 4-bit scales/mins, 2-bit quants, f16 `d`, `dmin`.
+    #[allow(non_camel_case_types)] // ggml's name
     Q2_K,
     /// 256 weights: 16 sub-blocks with 6-bit scales, 3-bit quants, f16 `d`.
+    #[allow(non_camel_case_types)] // ggml's name
     Q3_K,
     /// 256 weights: 8 sub-blocks with 6-bit scales/mins, 4-bit quants, f16 `d`, `dmin`.
+    #[allow(non_camel_case_types)] // ggml's name
     Q4_K,
     /// 256 weights: as Q4_K with 5-bit quants.
+    #[allow(non_camel_case_types)] // ggml's name
     Q5_K,
     /// 256 weights: 16 sub-blocks with 8-bit scales, 6-bit quants, f16 `d`.
+    #[allow(non_camel_case_types)] // ggml's name
     Q6_K,
     /// 256 activations: f32 `d`, 256 signed bytes, 16 i16 sums (activation side of the k-quants).
+    #[allow(non_camel_case_types)] // ggml's name
     Q8_K,
     /// 32 weights: f16 `d`, 4-bit indices into a fixed non-linear table.
+    #[allow(non_camel_case_types)] // ggml's name
     IQ4_NL,
     /// 256 weights: 8 IQ4_NL sub-blocks with 6-bit scales, f16 `d`.
+    #[allow(non_camel_case_types)] // ggml's name
     IQ4_XS,
     /// A type id that GGUF defines but this engine does not implement (yet); carries the id.
     Unsupported(u32),

@@ -15,6 +15,9 @@
 //! is what matters and is explicit. The functions are compiled with FMA, so `mul_add` is one
 //! fused instruction, as `_mm256_fmadd_ps` is.
 
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
 use super::avx2::Token;
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::q4_k::{scale_min_k4, BlockQ4_K};

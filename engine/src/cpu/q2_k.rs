@@ -7,6 +7,9 @@
 //! Activations pair as Q8_K: `dot = d_x * (d * sum_k sc_k * sum(q * y) - dmin * sum_k m_k *
 //! bsum_k)`, the sums in integers (ggml's `ggml_vec_dot_q2_K_q8_K`).
 
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
 use super::q8_k::{BlockQ8_K, QK_K};
 use super::{f16_le, Block};
 

@@ -5,6 +5,9 @@
 //!
 //! Activations pair as Q8_K, as for Q4_K (ggml's `ggml_vec_dot_q5_K_q8_K`).
 
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
 use super::q4_k::scale_min_k4;
 use super::q8_k::{BlockQ8_K, QK_K};
 use super::{f16_le, Block};

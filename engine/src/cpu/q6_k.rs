@@ -7,6 +7,9 @@
 //!
 //! Activations pair as Q8_K: `dot = d * d_x * sum_k sc_k * sum((q - 32) * y)` in integers.
 
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
 use super::q8_k::{BlockQ8_K, QK_K};
 use super::{f16_le, Block};
 

@@ -194,3 +194,29 @@ fn new_types_reject_quantize_and_short_rows() {
     assert!(dequantize_row(GgmlType::Q6_K, &out[..209], &mut y).is_err());
     assert!(dequantize_row(GgmlType::Q4_K, &out, &mut y[..32]).is_err());
 }
+
+/// The detected kernels (AVX2 on x86-64 where present) against the scalar references on the same
+/// random blocks: equal up to summation order (relative 1e-5 of the sum of |terms|).
+#[test]
+fn detected_vec_dot_matches_scalar_reference() {
+    let (x, _) = activations();
+    let (k, s) = (Kernels::detect(), Kernels::scalar());
+    for ty in WEIGHT_TYPES {
+        let v = load(ty);
+        for nb in [1, 3, 7] {
+            let n = nb * v.block_elems;
+            let (xq, xd) = activation_row(&s, ty, &x[..n]);
+            let scale: f64 = v.want[..n]
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| f64::from((a * b).abs()))
+                .sum();
+            let a = f64::from(k.vec_dot(ty, n, &v.raw, &xq));
+            let b = f64::from(s.vec_dot(ty, n, &v.raw, &xq));
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + scale),
+                "{ty} x {nb}: {a} vs scalar {b}"
+            );
+        }
+    }
+}
