@@ -23,6 +23,7 @@ use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::q4_k::{scale_min_k4, BlockQ4_K};
 use super::q5_0::BlockQ5_0;
 use super::q5_1::BlockQ5_1;
+use super::q5_k::BlockQ5_K;
 use super::q6_k::BlockQ6_K;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
@@ -143,6 +144,42 @@ unsafe fn dot_q4_k_q8_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
+/// Q5_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`: lanes as Q4_K's; the min term is one
+/// integer per block, `dmin * it` summed in one f32 in block order and added after the `hsum`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k_q8_k_impl(w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let dmin = -bx.d() * f16_le(bw.dmin);
+        let mut sc = [0i32; 8];
+        let mut mins = 0i32;
+        for k in 0..8 {
+            let (s, m) = scale_min_k4(k, &bw.scales);
+            sc[k] = i32::from(s);
+            mins += i32::from(m) * (bx.bsum(2 * k) + bx.bsum(2 * k + 1));
+        }
+        summs = dmin.mul_add(mins as f32, summs);
+        let q = bw.quants();
+        let mut lanes = [0i32; 8];
+        for c in 0..8 {
+            for (i, l) in lanes.iter_mut().enumerate() {
+                let base = 32 * c + 4 * i;
+                let mut s = 0i32;
+                for e in base..base + 4 {
+                    s += i32::from(q[e]) * i32::from(bx.qs[e]);
+                }
+                *l += sc[c] * s;
+            }
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc) + summs
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k_q8_k_impl(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -200,6 +237,12 @@ pub(super) fn dot_q4_k_q8_k(_: Token, w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     // SAFETY: see above.
     unsafe { dot_q4_k_q8_k_impl(w, x) }
+}
+
+pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    // SAFETY: see above.
+    unsafe { dot_q5_k_q8_k_impl(w, x) }
 }
 
 pub(super) fn dot_q6_k_q8_k(_: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {

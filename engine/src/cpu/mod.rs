@@ -471,6 +471,8 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) => avx2_quants::dot_q4_k_q8_k(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_K) => avx2_quants::dot_q5_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
             (_, GgmlType::F32) => f32::vec_dot(w, x),
             (_, GgmlType::F16) => f16::vec_dot(w, x),
@@ -564,6 +566,10 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) => {
                 rows_with!(|wr| avx2_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_K) => {
+                rows_with!(|wr| avx2_quants::dot_q5_k_q8_k(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q6_K) => {

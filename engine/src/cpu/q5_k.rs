@@ -36,7 +36,7 @@ unsafe impl Block for BlockQ5_K {}
 impl BlockQ5_K {
     /// The 256 quants (0..=31) in element order.
     #[inline(always)]
-    fn quants(&self) -> [u8; QK_K] {
+    pub(super) fn quants(&self) -> [u8; QK_K] {
         let mut q = [0u8; QK_K];
         for c in 0..4 {
             let ql = &self.qs[32 * c..32 * c + 32];
