@@ -1,8 +1,9 @@
-//! x86_64 kernels for Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K that add in the order of ggml's AVX2
-//! code (`ggml_vec_dot_q5_0_q8_0` / llamafile's tinyBLAS, `ggml_vec_dot_q5_1_q8_1`, tinyBLAS for
-//! IQ4_NL, `ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`), so that files of these types give
-//! llama.cpp's numbers on x86-64 (measured in `tests/tests/quant_reference.rs`: Q5_0, Q5_1 and
-//! IQ4_NL files are bit-exact; the k-quants are not yet, see the README).
+//! x86_64 kernels for Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K that add in the order of ggml's
+//! AVX2 code (`ggml_vec_dot_q5_0_q8_0` / llamafile's tinyBLAS, `ggml_vec_dot_q5_1_q8_1`, tinyBLAS
+//! for IQ4_NL, `ggml_vec_dot_q{4,5,6}_K_q8_K`), so that files of these types give llama.cpp's
+//! numbers on x86-64. Measured in `tests/tests/quant_reference.rs`: Q5_0, Q5_1, Q5_K and Q6_K
+//! files give llama.cpp's logits exactly; Q4_K and IQ4_NL do not, because llama.cpp repacks those
+//! weights on x86 and runs other kernels (see the README).
 //!
 //! The shape every one of them shares: per block, eight exact i32 lane sums, lane `i` holding the
 //! (scaled) products of elements `4i..4i+4` of each 32-element group (what `maddubs` + `madd`
