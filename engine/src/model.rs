@@ -319,7 +319,7 @@ pub(crate) fn bind(
             expected: shape.to_vec(),
         });
     }
-    if !info.ggml_type.is_supported() || info.ggml_type == GgmlType::Q8_1 {
+    if !info.ggml_type.is_supported() || matches!(info.ggml_type, GgmlType::Q8_1 | GgmlType::Q8_K) {
         return Err(EngineError::UnsupportedTensorType {
             name: name.to_string(),
             ty: info.ggml_type,

@@ -22,6 +22,34 @@ pub enum GgmlType {
     Q8_1,
     /// bfloat16.
     BF16,
+    /// 32 weights: f16 `d`, 32 fifth bits, 16 bytes of nibbles; `w = d * (q - 16)`.
+    Q5_0,
+    /// 32 weights: f16 `d`, f16 `m`, 32 fifth bits, 16 bytes of nibbles; `w = d * q + m`.
+    Q5_1,
+    /// 256 weights: 16 sub-blocks with 4-bit scales/mins, 2-bit quants, f16 `d`, `dmin`.
+    #[allow(non_camel_case_types)] // ggml's name
+    Q2_K,
+    /// 256 weights: 16 sub-blocks with 6-bit scales, 3-bit quants, f16 `d`.
+    #[allow(non_camel_case_types)] // ggml's name
+    Q3_K,
+    /// 256 weights: 8 sub-blocks with 6-bit scales/mins, 4-bit quants, f16 `d`, `dmin`.
+    #[allow(non_camel_case_types)] // ggml's name
+    Q4_K,
+    /// 256 weights: as Q4_K with 5-bit quants.
+    #[allow(non_camel_case_types)] // ggml's name
+    Q5_K,
+    /// 256 weights: 16 sub-blocks with 8-bit scales, 6-bit quants, f16 `d`.
+    #[allow(non_camel_case_types)] // ggml's name
+    Q6_K,
+    /// 256 activations: f32 `d`, 256 signed bytes, 16 i16 sums (activation side of the k-quants).
+    #[allow(non_camel_case_types)] // ggml's name
+    Q8_K,
+    /// 32 weights: f16 `d`, 4-bit indices into a fixed non-linear table.
+    #[allow(non_camel_case_types)] // ggml's name
+    IQ4_NL,
+    /// 256 weights: 8 IQ4_NL sub-blocks with 6-bit scales, f16 `d`.
+    #[allow(non_camel_case_types)] // ggml's name
+    IQ4_XS,
     /// A type id that GGUF defines but this engine does not implement (yet); carries the id.
     Unsupported(u32),
 }
@@ -37,8 +65,18 @@ impl GgmlType {
             8 => GgmlType::Q8_0,
             9 => GgmlType::Q8_1,
             30 => GgmlType::BF16,
-            // Defined by ggml but not implemented here: Q5_0..IQ4_XS, I8..F64, TQ*, MXFP4.
-            6 | 7 | 10..=29 | 31..=36 | 39 => GgmlType::Unsupported(id),
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
+            15 => GgmlType::Q8_K,
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
+            // Defined by ggml but not implemented here: IQ1..IQ3, I8..F64, TQ*, MXFP4.
+            16..=19 | 21 | 22 | 24..=29 | 31..=36 | 39 => GgmlType::Unsupported(id),
             _ => return None,
         })
     }
@@ -53,6 +91,16 @@ impl GgmlType {
             GgmlType::Q8_0 => 8,
             GgmlType::Q8_1 => 9,
             GgmlType::BF16 => 30,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+            GgmlType::Q8_K => 15,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
             GgmlType::Unsupported(id) => id,
         }
     }
@@ -67,6 +115,16 @@ impl GgmlType {
             GgmlType::Q8_0 => "q8_0",
             GgmlType::Q8_1 => "q8_1",
             GgmlType::BF16 => "bf16",
+            t @ (GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q8_K
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS) => unsupported_name(t.id()),
             GgmlType::Unsupported(id) => unsupported_name(id),
         }
     }
@@ -77,6 +135,7 @@ impl GgmlType {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q8_1 => 32,
             GgmlType::Unsupported(id) => unsupported_layout(id).0,
+            t => unsupported_layout(t.id()).0,
         }
     }
 
@@ -90,6 +149,7 @@ impl GgmlType {
             GgmlType::Q8_0 => 34,
             GgmlType::Q8_1 => 36,
             GgmlType::Unsupported(id) => unsupported_layout(id).1,
+            t => unsupported_layout(t.id()).1,
         }
     }
 
@@ -114,8 +174,9 @@ impl fmt::Display for GgmlType {
     }
 }
 
-/// (block size, block bytes) of the ggml types we read past but do not compute with, so that
-/// files holding them can still be inspected and their tensor ranges validated.
+/// (block size, block bytes) of the ggml types beyond the 32-element ones: those implemented in
+/// `cpu/` (Q5_0 .. IQ4_XS) and those we read past but do not compute with, so that files holding
+/// them can still be inspected and their tensor ranges validated.
 fn unsupported_layout(id: u32) -> (usize, usize) {
     match id {
         6 => (32, 22),    // q5_0
@@ -198,5 +259,25 @@ mod tests {
         assert_eq!(GgmlType::Q4_1.row_bytes(576), Some(18 * 20));
         assert_eq!(GgmlType::Q8_0.row_bytes(33), None);
         assert_eq!(GgmlType::F16.row_bytes(3), Some(6));
+        assert_eq!(GgmlType::Q4_K.row_bytes(1536), Some(6 * 144));
+        assert_eq!(GgmlType::Q6_K.row_bytes(576), None);
+        for (id, bs, bb) in [(6, 32, 22), (7, 32, 24), (10, 256, 84), (11, 256, 110)] {
+            let t = GgmlType::from_id(id).unwrap();
+            assert!(t.is_supported());
+            assert_eq!((t.block_size(), t.block_bytes()), (bs, bb));
+        }
+        for (id, bs, bb) in [
+            (12, 256, 144),
+            (13, 256, 176),
+            (14, 256, 210),
+            (15, 256, 292),
+        ] {
+            let t = GgmlType::from_id(id).unwrap();
+            assert!(t.is_supported());
+            assert_eq!((t.block_size(), t.block_bytes()), (bs, bb));
+        }
+        assert_eq!(GgmlType::from_id(20), Some(GgmlType::IQ4_NL));
+        assert_eq!(GgmlType::IQ4_XS.block_bytes(), 136);
+        assert_eq!(GgmlType::IQ4_NL.name(), "iq4_nl");
     }
 }

@@ -499,37 +499,37 @@ fn wrongly_shaped_tensor_is_named() {
 
 #[test]
 fn unsupported_tensor_type_is_named() {
-    // q5_0 (id 6) projections: a valid GGUF type without kernels here
+    // mxfp4 (id 39, 32-element blocks) projections: a valid GGUF type without kernels here
     let e = load_err(&with(|p| {
         let t = p.tensor("blk.0.attn_q.weight");
-        t.ty = GgmlType::Unsupported(6);
-        t.data = vec![0u8; 64 * 2 * 22];
+        t.ty = GgmlType::Unsupported(39);
+        t.data = vec![0u8; 64 * 2 * 17];
     }));
     match &e {
         EngineError::UnsupportedTensorType { name, ty } => {
             assert_eq!(name, "blk.0.attn_q.weight");
-            assert_eq!(ty.id(), 6);
+            assert_eq!(ty.id(), 39);
         }
         other => panic!("expected UnsupportedTensorType, got {other:?}"),
     }
     assert!(e.to_string().contains("blk.0.attn_q.weight"), "{e}");
 
-    // q4_k (id 12, 256-element blocks): a model with n_ff = 256 so ffn_down rows are one block
+    // iq2_xxs (id 16, 256-element blocks): a model with n_ff = 256 so ffn_down rows are one block
     let d = Dims { n_ff: 256, ..DIMS };
     let mut p = Parts::llama(d);
     let t = p.tensor("blk.1.ffn_down.weight");
-    t.ty = GgmlType::Unsupported(12);
-    t.data = vec![0u8; 64 * 144];
+    t.ty = GgmlType::Unsupported(16);
+    t.data = vec![0u8; 64 * 66];
     let e = load_err(&p);
     match &e {
         EngineError::UnsupportedTensorType { name, ty } => {
             assert_eq!(name, "blk.1.ffn_down.weight");
-            assert_eq!(ty.id(), 12);
+            assert_eq!(ty.id(), 16);
         }
         other => panic!("expected UnsupportedTensorType, got {other:?}"),
     }
     assert!(
-        e.to_string().contains("q4_k") || e.to_string().contains("Q4_K"),
+        e.to_string().contains("iq2_xxs") || e.to_string().contains("IQ2_XXS"),
         "{e}"
     );
 

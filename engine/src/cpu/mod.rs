@@ -24,17 +24,31 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_quants;
 mod bf16;
 mod f16;
 mod f32;
 pub mod ggml_order;
+mod iq4_nl;
+mod iq4_xs;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod ops;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
+mod q4_k;
+mod q5_0;
+mod q5_1;
+mod q5_k;
+mod q6_k;
 mod q8_0;
 mod q8_1;
+mod q8_k;
+#[cfg(test)]
+mod quant_vectors;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -48,8 +62,10 @@ pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;
 pub use q8_1::BlockQ8_1;
+pub use q8_k::{BlockQ8_K, QK_K};
 
-/// Elements per block of every quantized type implemented here (ggml's `QK4_0`, `QK8_1`, ...).
+/// Elements per block of the 32-element quantized types (ggml's `QK4_0`, `QK8_1`, ...); the
+/// k-quants and IQ4_XS use [`QK_K`].
 pub const QK: usize = 32;
 
 /// What a kernel entry point rejects. The library never panics on these; callers get the reason.
@@ -92,12 +108,20 @@ pub enum KernelError {
 }
 
 /// The type ggml converts activations into before a dot product with a weight row of type `w`
-/// (`type_traits_cpu[w].vec_dot_type`): Q4_0 and Q8_0 pair with Q8_0, Q4_1 with Q8_1, and the float
-/// types with themselves. Unsupported types map to themselves.
+/// (`type_traits_cpu[w].vec_dot_type`): Q4_0, Q5_0, Q8_0 and IQ4_NL pair with Q8_0, Q4_1 and
+/// Q5_1 with Q8_1, the k-quants and IQ4_XS with Q8_K, and the float types with themselves.
+/// Unsupported types map to themselves.
 pub fn vec_dot_type(w: GgmlType) -> GgmlType {
     match w {
-        GgmlType::Q4_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
-        GgmlType::Q4_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Q8_K
+        | GgmlType::IQ4_XS => GgmlType::Q8_K,
         t => t,
     }
 }
@@ -142,6 +166,16 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         GgmlType::Q4_1 => q4_1::dequantize_row(blocks(src), dst),
         GgmlType::Q8_0 => q8_0::dequantize_row(blocks(src), dst),
         GgmlType::Q8_1 => q8_1::dequantize_row(blocks(src), dst),
+        GgmlType::Q5_0 => q5_0::dequantize_row(blocks(src), dst),
+        GgmlType::Q5_1 => q5_1::dequantize_row(blocks(src), dst),
+        GgmlType::Q2_K => q2_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q3_K => q3_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q4_K => q4_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q5_K => q5_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q6_K => q6_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q8_K => q8_k::dequantize_row(blocks(src), dst),
+        GgmlType::IQ4_NL => iq4_nl::dequantize_row(blocks(src), dst),
+        GgmlType::IQ4_XS => iq4_xs::dequantize_row(blocks(src), dst),
         GgmlType::Unsupported(_) => unreachable!("rejected by check_len"),
     }
     Ok(())
@@ -149,8 +183,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
 
 /// Encodes `src` as type `ty` into the front of `dst`, exactly as ggml's reference code does.
 ///
-/// The activation types (Q8_0, Q8_1, F16, BF16, F32) are what the executor uses; Q4_0 and Q4_1
-/// (ggml's `quantize_row_q4_*_ref`) are provided for tools and tests.
+/// The activation types (Q8_0, Q8_1, Q8_K, F16, BF16, F32) are what the executor uses; Q4_0 and
+/// Q4_1 (ggml's `quantize_row_q4_*_ref`) are provided for tools and tests. The other weight types
+/// (Q5_0 .. IQ4_XS) have no quantizer here: [`KernelError::Unsupported`].
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
     let need = check_len("quantize_row", ty, src.len(), dst.len())?;
     let dst = &mut dst[..need];
@@ -162,6 +197,21 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Ker
         GgmlType::Q4_1 => q4_1::quantize_row(src, blocks_mut(dst)),
         GgmlType::Q8_0 => q8_0::quantize_row(src, blocks_mut(dst)),
         GgmlType::Q8_1 => q8_1::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q8_K => q8_k::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ4_XS => {
+            return Err(KernelError::Unsupported {
+                op: "quantize_row",
+                ty,
+            })
+        }
         GgmlType::Unsupported(_) => unreachable!("rejected by check_len"),
     }
     Ok(())
@@ -515,6 +565,20 @@ impl Kernels {
             (Isa::Scalar, GgmlType::Q4_0) => ggml_order::dot_q4_0_q8_0_x86(blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q8_0) => ggml_order::dot_q8_0_q8_0_x86(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_0) => avx2_quants::dot_q5_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_1) => avx2_quants::dot_q5_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) => {
+                avx2_quants::dot_iq4_nl_q8_0(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) => avx2_quants::dot_q4_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_K) => avx2_quants::dot_q5_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
             (_, GgmlType::F32) => f32::vec_dot(w, x),
             (_, GgmlType::F16) => f16::vec_dot(w, x),
             (_, GgmlType::BF16) => bf16::vec_dot(w, x),
@@ -525,6 +589,16 @@ impl Kernels {
             #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q8_0) => q8_0::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q8_1) => q8_1::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q5_0) => q5_0::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q5_1) => q5_1::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q2_K) => q2_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q3_K) => q3_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q4_K) => q4_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q5_K) => q5_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q6_K) => q6_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q8_K) => q8_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::IQ4_NL) => iq4_nl::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::IQ4_XS) => iq4_xs::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Unsupported(id)) => panic!("vec_dot: unsupported weight type id {id}"),
         }
     }
@@ -585,6 +659,30 @@ impl Kernels {
                 let xb = blocks(x);
                 rows_with!(|wr| avx2::dot_q8_0_q8_0(t, blocks(wr), xb))
             }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_0) => {
+                rows_with!(|wr| avx2_quants::dot_q5_0_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_1) => {
+                rows_with!(|wr| avx2_quants::dot_q5_1_q8_1(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) => {
+                rows_with!(|wr| avx2_quants::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) => {
+                rows_with!(|wr| avx2_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_K) => {
+                rows_with!(|wr| avx2_quants::dot_q5_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q6_K) => {
+                rows_with!(|wr| avx2_quants::dot_q6_k_q8_k(t, blocks(wr), blocks(x)))
+            }
             #[cfg(target_arch = "aarch64")]
             (Isa::Neon(t), GgmlType::Q4_1) => {
                 let xb = blocks(x);
@@ -634,6 +732,16 @@ impl Kernels {
                 let xb = blocks(x);
                 rows_with!(|wr| q8_1::vec_dot(blocks(wr), xb))
             }
+            (_, GgmlType::Q5_0) => rows_with!(|wr| q5_0::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q5_1) => rows_with!(|wr| q5_1::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q2_K) => rows_with!(|wr| q2_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q3_K) => rows_with!(|wr| q3_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q4_K) => rows_with!(|wr| q4_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q5_K) => rows_with!(|wr| q5_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q6_K) => rows_with!(|wr| q6_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q8_K) => rows_with!(|wr| q8_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::IQ4_NL) => rows_with!(|wr| iq4_nl::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::IQ4_XS) => rows_with!(|wr| iq4_xs::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::F32) => rows_with!(|wr| f32::vec_dot(wr, x)),
             (_, GgmlType::F16) => rows_with!(|wr| f16::vec_dot(wr, x)),
             (_, GgmlType::BF16) => rows_with!(|wr| bf16::vec_dot(wr, x)),

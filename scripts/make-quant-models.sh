@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Requantizes SmolLM2-135M-Instruct (Q4_1, fetched by fetch-model.sh) into other ggml quant
+# types with llama.cpp's llama-quantize (--allow-requantize), for the quant-type end-to-end tests
+# (tests/tests/quant_reference.rs) and their references (tests/reference/smollm2-*/).
+#
+#   scripts/make-quant-models.sh [TYPE...]     # default: every type the tests use
+#
+# Writes models/SmolLM2-135M-Instruct.<TYPE>.gguf (git-ignored). Needs llama-quantize: from
+# $LLAMA_QUANTIZE, or the peer built by ../shared/peer/build-llama-cpp.sh. Requantizing from Q4_1
+# loses accuracy, which does not matter here: llama.cpp's references run the same file.
+# Idempotent: existing files are kept (llama-quantize is deterministic for these types).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL_DIR="${EDGE_RUN_MODELS:-models}"
+SRC="$(./scripts/fetch-model.sh)"
+TYPES=("$@")
+if [ ${#TYPES[@]} -eq 0 ]; then
+  TYPES=(Q4_K_M Q5_K_M Q3_K_M Q2_K Q6_K Q5_0 Q5_1 Q8_0 IQ4_NL IQ4_XS)
+fi
+Q="${LLAMA_QUANTIZE:-}"
+if [ -z "$Q" ]; then
+  for d in "$HOME"/.cache/edge-peer/llama_cpp_python-*/vendor/llama.cpp/build/bin; do
+    [ -x "$d/llama-quantize" ] && Q="$d/llama-quantize"
+  done
+fi
+if [ -z "$Q" ] || [ ! -x "$Q" ]; then
+  echo "error: llama-quantize not found; build the peer (../shared/peer/build-llama-cpp.sh) or set LLAMA_QUANTIZE" >&2
+  exit 1
+fi
+export LD_LIBRARY_PATH="$(dirname "$Q")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for t in "${TYPES[@]}"; do
+  out="$MODEL_DIR/SmolLM2-135M-Instruct.$t.gguf"
+  if [ ! -f "$out" ]; then
+    "$Q" --allow-requantize "$SRC" "$out.part" "$t" 1 >/dev/null 2>&1 || { echo "error: llama-quantize $t failed" >&2; rm -f "$out.part"; exit 1; }
+    mv "$out.part" "$out"
+  fi
+  echo "$out"
+done
