@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh >/dev/null
-EDGE_RUN_SOAK_TOKENS="${1:-20000}" cargo test --release -p edge-tests --test soak -- --ignored --nocapture
+EDGE_RUN_SOAK_TOKENS="${1:-20000}" cargo test --release -p edge-tests --test soak -- --ignored --nocapture --test-threads=1
