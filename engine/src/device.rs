@@ -69,6 +69,56 @@ pub fn default_device() -> Device {
     Device::Cpu
 }
 
+/// Why the CUDA backend cannot run `model`, if it cannot: a head size its attention kernel
+/// lacks, or a weight type without CUDA kernels (the K-quants, IQ4: CPU only for now). Checked
+/// when a CUDA session opens, and by [`device_for`] to keep the default device on the CPU.
+pub fn cuda_unsupported(model: &crate::model::Model) -> Option<String> {
+    use crate::tensor::GgmlType;
+    let p = &model.params;
+    if p.head_dim % 32 != 0 || p.head_dim > 256 || p.n_head % p.n_head_kv != 0 {
+        return Some(format!(
+            "the CUDA attention kernel needs a head size that is a multiple of 32 up to 256 (this model's is {}); use --device cpu",
+            p.head_dim
+        ));
+    }
+    model
+        .weights
+        .iter()
+        .find(|w| {
+            !matches!(
+                w.ty,
+                GgmlType::Q4_0
+                    | GgmlType::Q4_1
+                    | GgmlType::Q8_0
+                    | GgmlType::F32
+                    | GgmlType::F16
+                    | GgmlType::BF16
+            )
+        })
+        .map(|w| {
+            format!(
+                "tensor {} has type {}, which the CUDA backend does not support; use --device cpu",
+                w.name, w.ty
+            )
+        })
+}
+
+/// The device for `model` when none was asked for: [`default_device`], but the CPU (with a log
+/// line) if the CUDA backend cannot run this model. An explicit `--device cuda` still reports
+/// the reason as an error.
+pub fn device_for(model: &crate::model::Model) -> Device {
+    match default_device() {
+        Device::Cuda(n) => match cuda_unsupported(model) {
+            Some(reason) => {
+                log::warn!("not running on CUDA: {reason}; running on the CPU");
+                Device::Cpu
+            }
+            None => Device::Cuda(n),
+        },
+        d => d,
+    }
+}
+
 /// How the weights reach an NVIDIA GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightPath {

@@ -1101,3 +1101,43 @@ fn malformed_model_files_give_their_specific_errors() {
         assert!(!msg.is_empty() && !msg.contains('\n'), "{what}: {msg}");
     }
 }
+
+/// Which models the CUDA backend refuses, decided without a GPU: a head size its attention
+/// kernel lacks, or a weight type without CUDA kernels. The default device falls back to the
+/// CPU for such a model (`device_for`); an explicit `--device cuda` reports the reason.
+#[test]
+fn cuda_support_is_decided_from_the_model() {
+    use edge_engine::device::cuda_unsupported;
+    // DIMS has heads of 16: below the kernel's multiple of 32.
+    let reason = cuda_unsupported(&tiny_model()).expect("head size 16 is refused");
+    assert!(
+        reason.contains("head size") && reason.contains("16"),
+        "{reason}"
+    );
+    // Heads of 32 and only q8_0/f32 tensors: supported.
+    let d = Dims {
+        n_embd: 128,
+        n_ff: 256,
+        ..DIMS
+    };
+    let m = load(&Parts::llama(d)).expect("loads");
+    assert_eq!(cuda_unsupported(&m), None);
+    // A Q4_K tensor (CPU kernels only): refused, naming the tensor and its type.
+    let mut p = Parts::llama(d);
+    let t = p.tensor("blk.1.ffn_down.weight");
+    t.ty = GgmlType::Q4_K;
+    t.data = vec![0u8; 128 * 144];
+    let m = load(&p).expect("a Q4_K tensor loads on the CPU");
+    let reason = cuda_unsupported(&m).expect("Q4_K is refused");
+    assert!(
+        reason.contains("blk.1.ffn_down.weight") && reason.contains("--device cpu"),
+        "{reason}"
+    );
+    // Without CUDA compiled in (or without a GPU) the default device is the CPU either way.
+    if !edge_engine::device::cuda_compiled() {
+        assert_eq!(
+            edge_engine::device::device_for(&m),
+            edge_engine::device::Device::Cpu
+        );
+    }
+}

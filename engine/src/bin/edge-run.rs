@@ -230,13 +230,13 @@ fn device_arg(s: &str) -> Result<Device, String> {
 
 /// The device a command runs on: the one asked for, or the default (CUDA when built in and
 /// present, else the CPU). Asking for CUDA on a build without it is an error that names the fix.
-fn resolve_device(asked: Option<Device>) -> CliResult<Device> {
+fn resolve_device(asked: Option<Device>, model: &Model) -> CliResult<Device> {
     match asked {
         Some(Device::Cuda(_)) if !edge_engine::device::cuda_compiled() => {
             Err(CliError::from(edge_engine::device::NO_CUDA_SUPPORT))
         }
         Some(d) => Ok(d),
-        None => Ok(edge_engine::device::default_device()),
+        None => Ok(edge_engine::device::device_for(model)),
     }
 }
 
@@ -799,7 +799,7 @@ fn generate(a: GenerateArgs) -> CliResult<u8> {
         threads: a.threads,
         kv_type: a.budget.kv_type,
         flash_attn: a.budget.flash_attn,
-        device: resolve_device(a.device)?,
+        device: resolve_device(a.device, &model)?,
         cuda_weights: None,
     };
     let budget = a.budget.budget()?;
@@ -978,7 +978,7 @@ fn plan(a: PlanArgs) -> CliResult {
         threads: a.threads,
         kv_type: a.budget.kv_type,
         flash_attn: a.budget.flash_attn,
-        device: resolve_device(a.device)?,
+        device: resolve_device(a.device, &model)?,
         cuda_weights: None,
     };
     let budget = a.budget.budget()?;
@@ -1226,7 +1226,7 @@ fn bench(a: BenchArgs) -> CliResult {
         ctx: Some(ctx),
         ubatch: None,
         threads: a.threads,
-        device: resolve_device(a.device)?,
+        device: resolve_device(a.device, &model)?,
         ..Default::default()
     };
     let mut session = Session::new(Arc::clone(&model), &cfg).map_err(|e| match e {

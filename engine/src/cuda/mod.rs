@@ -254,28 +254,8 @@ impl CudaExecutor {
                     .into(),
             );
         }
-        if p.head_dim % 32 != 0 || p.head_dim > 256 || p.n_head % p.n_head_kv != 0 {
-            return Err(format!(
-                "the CUDA attention kernel needs a head size that is a multiple of 32 up to 256 (this model's is {}); use --device cpu",
-                p.head_dim
-            ));
-        }
-        for w in &model.weights {
-            let ok = matches!(
-                w.ty,
-                GgmlType::Q4_0
-                    | GgmlType::Q4_1
-                    | GgmlType::Q8_0
-                    | GgmlType::F32
-                    | GgmlType::F16
-                    | GgmlType::BF16
-            );
-            if !ok {
-                return Err(format!(
-                    "tensor {} has type {}, which the CUDA backend does not support; use --device cpu",
-                    w.name, w.ty
-                ));
-            }
+        if let Some(reason) = crate::device::cuda_unsupported(model) {
+            return Err(reason);
         }
         let ctx = context(ordinal)?;
         // The executor orders everything on its one stream; cudarc's per-buffer events would
