@@ -50,6 +50,17 @@ pub fn reduce16(a: &[f32; LANES]) -> f32 {
 #[inline(always)]
 pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::dot_f16_ggml(a, b) };
+    }
+    dot_f16_ggml_portable(a, b)
+}
+
+/// [`dot_f16_ggml`] in portable code (the reference of the SIMD version).
+#[inline(always)]
+fn dot_f16_ggml_portable(a: &[f16], b: &[f32]) -> f32 {
     const STEP: usize = 4 * LANES;
     let n = a.len().min(b.len());
     let np = n - n % STEP;
@@ -81,6 +92,17 @@ pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
 #[inline(always)]
 pub fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::dot_f16_tinyblas(a, b) };
+    }
+    dot_f16_tinyblas_portable(a, b)
+}
+
+/// [`dot_f16_tinyblas`] in portable code (the reference of the SIMD version).
+#[inline(always)]
+fn dot_f16_tinyblas_portable(a: &[f16], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let mut acc = [0.0f32; LANES];
     let full = n - n % LANES;
@@ -164,6 +186,122 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + expf(0.0 - x))
 }
 
+/// The f16 dots above with AVX2 + FMA + F16C: the same lanes, the same fused operations in the
+/// same order (16 lanes as two 8-lane registers; `vcvtph2ps` is exact like [`h`]), so the
+/// results are bit-identical to the portable loops, which the compiler cannot vectorize with
+/// hardware f16 conversion.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{h, reduce16, LANES};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Whether this CPU runs these kernels (cached by std after the first call).
+    #[inline(always)]
+    pub(super) fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// 8 f16 at `a[i..i + 8]` as f32.
+    ///
+    /// # Safety
+    /// `i + 8 <= a.len()`; the CPU has F16C.
+    #[inline(always)]
+    unsafe fn load8(a: &[f16], i: usize) -> __m256 {
+        debug_assert!(i + 8 <= a.len());
+        // SAFETY: 16 readable bytes at a[i] (caller); loadu has no alignment requirement.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i).cast())) }
+    }
+
+    /// 8 f32 at `b[i..i + 8]`.
+    ///
+    /// # Safety
+    /// `i + 8 <= b.len()`.
+    #[inline(always)]
+    unsafe fn loadf(b: &[f32], i: usize) -> __m256 {
+        debug_assert!(i + 8 <= b.len());
+        // SAFETY: 32 readable bytes at b[i] (caller).
+        unsafe { _mm256_loadu_ps(b.as_ptr().add(i)) }
+    }
+
+    /// The 16 lanes of two registers, `lo` first.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (as every caller here checked).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lanes(lo: __m256, hi: __m256) -> [f32; LANES] {
+        let mut out = [0.0f32; LANES];
+        // SAFETY: `out` has 16 f32; storeu has no alignment requirement.
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), lo);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), hi);
+        }
+        out
+    }
+
+    /// [`super::dot_f16_tinyblas`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let full = n - n % LANES;
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 16 <= full <= both lengths.
+            unsafe {
+                lo = _mm256_fmadd_ps(load8(a, i), loadf(b, i), lo);
+                hi = _mm256_fmadd_ps(load8(a, i + 8), loadf(b, i + 8), hi);
+            }
+            i += LANES;
+        }
+        // SAFETY: AVX2 present (this function's contract).
+        let mut acc = unsafe { lanes(lo, hi) };
+        for k in full..n {
+            let l = k % LANES;
+            acc[l] = h(a[k]).mul_add(b[k], acc[l]);
+        }
+        reduce16(&acc)
+    }
+
+    /// [`super::dot_f16_ggml`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
+        const STEP: usize = 4 * LANES;
+        let n = a.len().min(b.len());
+        let np = n - n % STEP;
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i < np {
+            for (r, v) in acc.iter_mut().enumerate() {
+                // Register r holds lanes 8*(r%2).. of accumulator r/2: elements i + 8r.
+                // SAFETY: i + 8r + 8 <= i + 64 <= np <= both lengths.
+                unsafe { *v = _mm256_fmadd_ps(load8(a, i + 8 * r), loadf(b, i + 8 * r), *v) };
+            }
+            i += STEP;
+        }
+        // SAFETY: AVX2 present (this function's contract).
+        let accs: [[f32; LANES]; 4] =
+            std::array::from_fn(|j| unsafe { lanes(acc[2 * j], acc[2 * j + 1]) });
+        let mut folded = [0.0f32; LANES];
+        for l in 0..LANES {
+            folded[l] = (accs[0][l] + accs[2][l]) + (accs[1][l] + accs[3][l]);
+        }
+        let mut sum = f64::from(reduce16(&folded));
+        for k in np..n {
+            sum += f64::from(h(a[k]) * b[k]);
+        }
+        sum as f32
+    }
+}
+
 // ---- quantized dot products in the order of ggml's x86 AVX2 kernels ----
 //
 // ggml's `ggml_vec_dot_q4_1_q8_1`, `_q4_0_q8_0` and `_q8_0_q8_0` on x86 (the AVX2 branch, which
@@ -245,6 +383,47 @@ pub fn dot_q8_0_q8_0_x86(w: &[super::BlockQ8_0], x: &[super::BlockQ8_0]) -> f32 
 
 #[cfg(test)]
 mod tests {
+
+    /// The SIMD f16 dots equal the portable ones bit for bit (same lanes, same fused operations),
+    /// on random data of every length class (whole steps, tails, shorter than one step).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_f16_dots_equal_the_portable_order_bit_for_bit() {
+        if !super::simd::available() {
+            eprintln!("no AVX2/FMA/F16C: skipped");
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        };
+        for n in [
+            1usize, 7, 15, 16, 17, 33, 63, 64, 65, 127, 128, 200, 2048, 2049,
+        ] {
+            let a: Vec<half::f16> = (0..n).map(|_| half::f16::from_f32(next())).collect();
+            let b: Vec<f32> = (0..n).map(|_| next()).collect();
+            // SAFETY: features checked above.
+            let (s1, s2) = unsafe {
+                (
+                    super::simd::dot_f16_tinyblas(&a, &b),
+                    super::simd::dot_f16_ggml(&a, &b),
+                )
+            };
+            assert_eq!(
+                s1.to_bits(),
+                dot_f16_tinyblas_portable(&a, &b).to_bits(),
+                "tinyblas n={n}"
+            );
+            assert_eq!(
+                s2.to_bits(),
+                dot_f16_ggml_portable(&a, &b).to_bits(),
+                "ggml n={n}"
+            );
+        }
+    }
     use super::*;
 
     #[test]
