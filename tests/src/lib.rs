@@ -1,5 +1,6 @@
 //! Helpers shared by the end-to-end tests in `tests/tests/`: where the reference data and the
-//! real model are, and JSON-lines reading.
+//! real model are, JSON-lines reading, greedy decoding as the reference does it, and a
+//! counting global allocator.
 
 use std::path::PathBuf;
 
@@ -66,4 +67,57 @@ pub fn mapped_rss(file: &str) -> u64 {
         }
     }
     kib * 1024
+}
+
+/// Greedy decoding as the reference does it: argmax over raw logits, stop after EOS.
+pub fn greedy(session: &mut edge_engine::session::Session, prompt: &[u32], n: usize) -> Vec<u32> {
+    use edge_engine::sampling::argmax;
+    let eos = session.model().tokenizer.eos_id();
+    let mut out = Vec::new();
+    let mut next = argmax(session.prefill(prompt).expect("prefill"));
+    for _ in 0..n {
+        out.push(next);
+        if Some(next) == eos || out.len() == n {
+            break;
+        }
+        next = argmax(session.step(next).expect("step"));
+    }
+    out
+}
+
+/// A global allocator that forwards to the system's and, while [`COUNTING`] is set, counts
+/// allocations and reallocations in [`ALLOCATIONS`]. A test binary installs it with
+/// `#[global_allocator] static GLOBAL: edge_tests::CountingAlloc = edge_tests::CountingAlloc;`
+/// (each test binary has its own counters).
+pub struct CountingAlloc;
+
+/// Whether [`CountingAlloc`] counts.
+pub static COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Allocations and reallocations counted by [`CountingAlloc`].
+pub static ALLOCATIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[inline(always)]
+fn count() {
+    use std::sync::atomic::Ordering;
+    if COUNTING.load(Ordering::Relaxed) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
 }

@@ -16,24 +16,8 @@ use std::sync::Arc;
 
 use edge_engine::cpu::{Kernels, Q8Rounding};
 use edge_engine::model::Model;
-use edge_engine::sampling::argmax;
 use edge_engine::session::{Session, SessionConfig, SessionPlan};
-use edge_tests::{ids, read_jsonl, shared_dir, smollm2_path};
-
-/// Greedy decoding as the reference does it: argmax over raw logits, stop after EOS.
-fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
-    let eos = session.model().tokenizer.eos_id();
-    let mut out = Vec::new();
-    let mut next = argmax(session.prefill(prompt).expect("prefill"));
-    for _ in 0..n {
-        out.push(next);
-        if Some(next) == eos || out.len() == n {
-            break;
-        }
-        next = argmax(session.step(next).expect("step"));
-    }
-    out
-}
+use edge_tests::{greedy, ids, read_jsonl, shared_dir, smollm2_path};
 
 #[test]
 fn greedy_matches_reference_on_every_isa_path() {

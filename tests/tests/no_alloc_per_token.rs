@@ -2,8 +2,9 @@
 //! and the streaming detokenizer run without touching the heap (a counting global allocator
 //! proves it). This is what makes the memory plan true at run time.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
+
+use edge_tests::{ALLOCATIONS, COUNTING};
 use std::sync::Arc;
 
 use edge_engine::model::Model;
@@ -11,35 +12,8 @@ use edge_engine::sampling::{Sampler, SamplerConfig};
 use edge_engine::session::{Session, SessionConfig};
 use edge_tokenizers::StreamDecoder;
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: edge_tests::CountingAlloc = edge_tests::CountingAlloc;
 
 /// The counter is global: tests that count take turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use edge_engine::model::Model;
 use edge_engine::sampling::argmax;
 use edge_engine::session::{Session, SessionConfig};
-use edge_tests::{ids, read_jsonl};
+use edge_tests::{greedy, ids, read_jsonl};
 
 struct Agreement {
     positions: usize,
@@ -30,21 +30,6 @@ struct Agreement {
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Greedy decoding as the reference does it: argmax over raw logits, stop after EOS.
-fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
-    let eos = session.model().tokenizer.eos_id();
-    let mut out = Vec::new();
-    let mut next = argmax(session.prefill(prompt).expect("prefill"));
-    for _ in 0..n {
-        out.push(next);
-        if Some(next) == eos || out.len() == n {
-            break;
-        }
-        next = argmax(session.step(next).expect("step"));
-    }
-    out
 }
 
 /// Runs the comparison for one quant type, or `None` (after saying why) if its model is missing.

@@ -6,28 +6,13 @@ use std::sync::{Arc, OnceLock};
 use edge_engine::model::Model;
 use edge_engine::sampling::argmax;
 use edge_engine::session::{Session, SessionConfig};
-use edge_tests::{ids, read_jsonl, shared_dir, smollm2_path};
+use edge_tests::{greedy, ids, read_jsonl, shared_dir, smollm2_path};
 
 fn model() -> Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
     MODEL
         .get_or_init(|| Arc::new(Model::load(smollm2_path()).expect("loading SmolLM2")))
         .clone()
-}
-
-/// Greedy decoding as the reference does it: argmax over raw logits, stop after EOS.
-fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
-    let eos = session.model().tokenizer.eos_id();
-    let mut out = Vec::new();
-    let mut next = argmax(session.prefill(prompt).expect("prefill"));
-    for _ in 0..n {
-        out.push(next);
-        if Some(next) == eos || out.len() == n {
-            break;
-        }
-        next = argmax(session.step(next).expect("step"));
-    }
-    out
 }
 
 #[test]

@@ -8,8 +8,9 @@
 //! `--test-threads=1`: with more, libtest's own main thread allocates a "has been running for
 //! over 60 seconds" warning while the test counts (seen as 3 allocations in a CI run).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
+
+use edge_tests::{ALLOCATIONS, COUNTING};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,35 +19,8 @@ use edge_engine::sampling::{Sampler, SamplerConfig};
 use edge_engine::session::{ContextPolicy, Session, SessionConfig};
 use edge_tokenizers::StreamDecoder;
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: edge_tests::CountingAlloc = edge_tests::CountingAlloc;
 
 /// Resident memory of this process in KiB (Linux).
 fn vm_rss_kib() -> u64 {
