@@ -240,6 +240,26 @@ fn resolve_device(asked: Option<Device>, model: &Model) -> CliResult<Device> {
     }
 }
 
+/// The session that generation and `plan` describe with the same flags.
+fn session_config(
+    ctx: Option<usize>,
+    ubatch: Option<usize>,
+    threads: Option<usize>,
+    budget: &BudgetArgs,
+    device: Option<Device>,
+    model: &Model,
+) -> CliResult<SessionConfig> {
+    Ok(SessionConfig {
+        ctx,
+        ubatch,
+        threads,
+        kv_type: budget.kv_type,
+        flash_attn: budget.flash_attn,
+        device: resolve_device(device, model)?,
+        cuda_weights: None,
+    })
+}
+
 fn kv_type(s: &str) -> Result<edge_engine::exec::KvType, String> {
     edge_engine::exec::KvType::from_name(s).ok_or_else(|| "use f16 or q8_0".to_string())
 }
@@ -793,15 +813,7 @@ fn generate(a: GenerateArgs) -> CliResult<u8> {
             "the prompt has no tokens: give some text with -p",
         ));
     }
-    let cfg = SessionConfig {
-        ctx: a.ctx,
-        ubatch: a.ubatch,
-        threads: a.threads,
-        kv_type: a.budget.kv_type,
-        flash_attn: a.budget.flash_attn,
-        device: resolve_device(a.device, &model)?,
-        cuda_weights: None,
-    };
+    let cfg = session_config(a.ctx, a.ubatch, a.threads, &a.budget, a.device, &model)?;
     let budget = a.budget.budget()?;
     let mut session = match &budget {
         None => Session::new(Arc::clone(&model), &cfg),
@@ -972,15 +984,7 @@ fn write_lines(lines: &[String]) -> CliResult {
 fn plan(a: PlanArgs) -> CliResult {
     let model = load_model(&a.model)?;
     check_ctx(&model, a.ctx)?;
-    let cfg = SessionConfig {
-        ctx: a.ctx,
-        ubatch: a.ubatch,
-        threads: a.threads,
-        kv_type: a.budget.kv_type,
-        flash_attn: a.budget.flash_attn,
-        device: resolve_device(a.device, &model)?,
-        cuda_weights: None,
-    };
+    let cfg = session_config(a.ctx, a.ubatch, a.threads, &a.budget, a.device, &model)?;
     let budget = a.budget.budget()?;
     let plan = match &budget {
         None => SessionPlan::new(&model, &cfg),
