@@ -59,9 +59,9 @@ pub struct Weight {
     pub(crate) tensor_index: usize,
 }
 
-/// The weights of one Llama-family block.
+/// The weights of one decoder block (Llama family).
 #[derive(Debug, Clone)]
-pub struct LayerWeights {
+pub struct DecoderLayerWeights {
     /// RMSNorm before attention.
     pub attn_norm: WeightId,
     /// Query projection.
@@ -82,17 +82,24 @@ pub struct LayerWeights {
     pub w_down: WeightId,
 }
 
-/// The weights of a Llama-family model.
+/// The weights of a decoder-only model (Llama family).
 #[derive(Debug, Clone)]
-pub struct LlamaWeights {
+pub struct DecoderWeights {
     /// Token embedding table [n_vocab rows of n_embd].
     pub token_embd: WeightId,
     /// Blocks.
-    pub layers: Vec<LayerWeights>,
+    pub layers: Vec<DecoderLayerWeights>,
     /// Final RMSNorm.
     pub output_norm: WeightId,
     /// Output head; the embedding table when the model ties them.
     pub output: WeightId,
+}
+
+/// Which kind of network a model is, with its bound weights.
+#[derive(Debug, Clone)]
+pub enum Layout {
+    /// A decoder-only (causal) language model.
+    Decoder(DecoderWeights),
 }
 
 /// A model ready to run: mapped weights, hyper-parameters, tokenizer.
@@ -103,7 +110,7 @@ pub struct Model {
     /// Weight table, indexed by [`WeightId`].
     pub weights: Vec<Weight>,
     /// The architecture's weight layout.
-    pub layout: LlamaWeights,
+    pub layout: Layout,
     /// Tokenizer built from the file's metadata.
     pub tokenizer: Tokenizer,
     /// `tokenizer.chat_template`, if the file has one.
@@ -175,7 +182,7 @@ impl Model {
         let params = read_hyper_params(&gguf, &arch)?;
         let before = anon_resident_bytes();
         let mut weights = Vec::new();
-        let layout = arch::llama::bind_weights(&gguf, &params, &mut weights)?;
+        let layout = Layout::Decoder(arch::llama::bind_weights(&gguf, &params, &mut weights)?);
         // The tokenizer takes the vocabulary arrays out of the metadata: one copy, not two.
         let vocab = crate::vocab::take_vocab_config(&mut gguf)?;
         let tokenizer = Tokenizer::from_config(vocab)?;

@@ -216,9 +216,9 @@ impl SessionPlan {
             .and_then(|b| b.checked_mul(threads))
             .ok_or_else(|| EngineError::InvalidArgument(format!("--ctx {ctx}: too large")))?
         };
-        let (decode, decode_size, decode_bound) = plan_graph(arch::llama::build_graph(model, 1))?;
+        let (decode, decode_size, decode_bound) = plan_graph(arch::build_graph(model, 1))?;
         let (prefill, arena_bytes, lower_bound) = if ubatch > 1 {
-            let (pg, size, bound) = plan_graph(arch::llama::build_graph(model, ubatch))?;
+            let (pg, size, bound) = plan_graph(arch::build_graph(model, ubatch))?;
             (Some(pg), size.max(decode_size), bound.max(decode_bound))
         } else {
             (None, decode_size, decode_bound)

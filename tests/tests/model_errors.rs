@@ -420,7 +420,8 @@ fn separate_output_head_is_used() {
         });
     });
     let separate = Arc::new(load(&separate).expect("a model with its own output head loads"));
-    assert_ne!(separate.layout.output, separate.layout.token_embd);
+    let edge_engine::model::Layout::Decoder(layout) = &separate.layout;
+    assert_ne!(layout.output, layout.token_embd);
     let prompt = [3u32, 1, 4, 1, 5];
     let want: Vec<f32> = session(&tied, 16, 8)
         .prefill(&prompt)

@@ -189,7 +189,7 @@ fn teacher_forced_logits_match_llama_cpp() {
 /// token, and the decode arena does not depend on the context size.
 #[test]
 fn arena_plan_is_sound_and_logits_are_last_position_only() {
-    use edge_engine::arch::llama::build_graph;
+    use edge_engine::arch::build_graph;
     use edge_engine::exec::memory::ALIGN;
     let model = model();
     let n_vocab = model.params.n_vocab;

@@ -7,10 +7,10 @@ use crate::cpu;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::graph::{Graph, Op, ValueId, ValueType, WeightId};
-use crate::model::{bind, HyperParams, LayerWeights, LlamaWeights, Model, Weight};
+use crate::model::{bind, DecoderLayerWeights, DecoderWeights, HyperParams, Model, Weight};
 
 /// Finds and checks every tensor of a Llama-family model.
-pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Result<LlamaWeights> {
+pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Result<DecoderWeights> {
     let (d, a) = (p.n_embd as u64, p.arch.as_str());
     let q_dim = (p.n_head * p.head_dim) as u64;
     let kv_dim = p.kv_dim() as u64;
@@ -21,7 +21,7 @@ pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Res
         let mut w = |name: &str, shape: &[u64]| {
             bind(g, weights, a, &format!("blk.{l}.{name}.weight"), shape)
         };
-        layers.push(LayerWeights {
+        layers.push(DecoderLayerWeights {
             attn_norm: w("attn_norm", &[d])?,
             wq: w("attn_q", &[d, q_dim])?,
             wk: w("attn_k", &[d, kv_dim])?,
@@ -47,7 +47,7 @@ pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Res
             });
         }
     }
-    Ok(LlamaWeights {
+    Ok(DecoderWeights {
         token_embd,
         layers,
         output_norm,
@@ -125,9 +125,8 @@ impl Builder<'_> {
 
 /// Builds the forward pass for up to `ubatch` tokens per run. Only the last position's logits
 /// are computed: the output head runs on one row.
-pub fn build_graph(model: &Model, ubatch: usize) -> Graph {
+pub fn build_graph(model: &Model, lw: &DecoderWeights, ubatch: usize) -> Graph {
     let p = &model.params;
-    let lw = &model.layout;
     let (d, t) = (p.n_embd, ubatch);
     let mut b = Builder {
         model,
