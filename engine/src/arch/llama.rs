@@ -10,7 +10,11 @@ use crate::graph::{Graph, Op, ValueId, ValueType, WeightId};
 use crate::model::{bind, DecoderLayerWeights, DecoderWeights, HyperParams, Model, Weight};
 
 /// Finds and checks every tensor of a Llama-family model.
-pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Result<DecoderWeights> {
+pub fn bind_weights(
+    g: &Gguf,
+    p: &HyperParams,
+    weights: &mut Vec<Weight>,
+) -> Result<DecoderWeights> {
     let (d, a) = (p.n_embd as u64, p.arch.as_str());
     let q_dim = (p.n_head * p.head_dim) as u64;
     let kv_dim = p.kv_dim() as u64;

@@ -100,6 +100,27 @@ pub fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
     dot_f16_tinyblas_portable(a, b)
 }
 
+/// `acc[i] = fma(v[i], p, acc[i])` for every i: one position's term of attention's `V·p`, each
+/// element with one fused multiply-add, whichever instruction set runs it.
+#[inline]
+pub fn axpy_f16(acc: &mut [f32], v: &[f16], p: f32) {
+    debug_assert_eq!(acc.len(), v.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::axpy_f16(acc, v, p) };
+    }
+    axpy_f16_portable(acc, v, p)
+}
+
+/// [`axpy_f16`] in portable code (the reference of the SIMD version).
+#[inline(always)]
+fn axpy_f16_portable(acc: &mut [f32], v: &[f16], p: f32) {
+    for (a, x) in acc.iter_mut().zip(v) {
+        *a = h(*x).mul_add(p, *a);
+    }
+}
+
 /// [`dot_f16_tinyblas`] in portable code (the reference of the SIMD version).
 #[inline(always)]
 fn dot_f16_tinyblas_portable(a: &[f16], b: &[f32]) -> f32 {
@@ -268,6 +289,29 @@ mod simd {
         reduce16(&acc)
     }
 
+    /// [`super::axpy_f16`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_f16(acc: &mut [f32], v: &[f16], p: f32) {
+        let n = acc.len().min(v.len());
+        let full = n - n % 8;
+        let pv = _mm256_set1_ps(p);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= both lengths; loadu/storeu need no alignment.
+            unsafe {
+                let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+                _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(load8(v, i), pv, a));
+            }
+            i += 8;
+        }
+        for k in full..n {
+            acc[k] = h(v[k]).mul_add(p, acc[k]);
+        }
+    }
+
     /// [`super::dot_f16_ggml`].
     ///
     /// # Safety
@@ -388,7 +432,7 @@ mod tests {
     /// on random data of every length class (whole steps, tails, shorter than one step).
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn simd_f16_dots_equal_the_portable_order_bit_for_bit() {
+    fn simd_f16_kernels_equal_the_portable_order_bit_for_bit() {
         if !super::simd::available() {
             eprintln!("no AVX2/FMA/F16C: skipped");
             return;
@@ -422,6 +466,13 @@ mod tests {
                 dot_f16_ggml_portable(&a, &b).to_bits(),
                 "ggml n={n}"
             );
+            let (mut acc_simd, mut acc_portable) = (b.clone(), b.clone());
+            let p = next();
+            // SAFETY: features checked above.
+            unsafe { super::simd::axpy_f16(&mut acc_simd, &a, p) };
+            axpy_f16_portable(&mut acc_portable, &a, p);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&acc_simd), bits(&acc_portable), "axpy n={n}");
         }
     }
     use super::*;

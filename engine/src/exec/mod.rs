@@ -1187,12 +1187,7 @@ impl OpCtx<'_> {
                 };
                 let slot = p % width;
                 let acc = &mut accs[slot * head_dim..(slot + 1) * head_dim];
-                for (a, v) in acc
-                    .iter_mut()
-                    .zip(&vrow[kvh * head_dim..(kvh + 1) * head_dim])
-                {
-                    *a = cpu::f16_bits_to_f32(v.to_bits()).mul_add(prob, *a);
-                }
+                order::axpy_f16(acc, &vrow[kvh * head_dim..(kvh + 1) * head_dim], prob);
             }
             let mut slots = [0.0f32; STEP_LANES];
             for (d, o) in self
