@@ -136,6 +136,103 @@ unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     hsum(acc)
 }
 
+// ---- one weight row against several activation rows (prefill) ----
+//
+// Each token's accumulators see exactly the operations, in the order, of the one-row kernels
+// above, so the results are bit-identical to them; what is shared is the weight block's loading
+// and unpacking, and the independent accumulators keep the FMA units busy instead of waiting
+// on one dependency chain.
+
+/// [`dot_q4_1_q8_1_impl`] of one weight row with `N` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_q8_1_xn_impl<const N: usize>(w: &[BlockQ4_1], x: [&[BlockQ8_1]; N]) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        let q = nibbles(&bw.qs);
+        let wdm = f16x4([bw.d[0], bw.d[1], bw.m[0], bw.m[1]], [0; 4]);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            // [d_w*d_x, m_w*s_x, 0, 0]: the lanes the one-row kernel uses, computed alike.
+            let p = _mm_mul_ps(wdm, f16x4([bx.d[0], bx.d[1], bx.s[0], bx.s[1]], [0; 4]));
+            acc_m[t] = _mm_add_ps(acc_m[t], p);
+            let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load_q8(&bx.qs)), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        out[t] = hsum(acc[t]) + _mm_cvtss_f32(_mm_shuffle_ps(acc_m[t], acc_m[t], 1));
+    }
+    out
+}
+
+/// [`dot_q4_0_q8_0_impl`] of one weight row with `N` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_q8_0_xn_impl<const N: usize>(w: &[BlockQ4_0], x: [&[BlockQ8_0]; N]) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let eights = _mm256_set1_epi8(8);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        let q = nibbles(&bw.qs);
+        let dw = f16x4([bw.d[0], bw.d[1], 0, 0], [0; 4]);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let d = _mm_mul_ss(dw, f16x4([bx.d[0], bx.d[1], 0, 0], [0; 4]));
+            let y = load_q8(&bx.qs);
+            let qx = _mm256_maddubs_epi16(q, y);
+            let ex = _mm256_maddubs_epi16(eights, y);
+            let prod = _mm256_madd_epi16(_mm256_sub_epi16(qx, ex), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
+/// [`dot_q8_0_q8_0_impl`] of one weight row with `N` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_xn_impl<const N: usize>(w: &[BlockQ8_0], x: [&[BlockQ8_0]; N]) -> [f32; N] {
+    let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        let a8 = load_q8(&bw.qs);
+        let a_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a8));
+        let a_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a8, 1));
+        let dw = f16x4([bw.d[0], bw.d[1], 0, 0], [0; 4]);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let d = _mm_mul_ss(dw, f16x4([bx.d[0], bx.d[1], 0, 0], [0; 4]));
+            let b8 = load_q8(&bx.qs);
+            let lo = _mm256_madd_epi16(a_lo, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b8)));
+            let hi = _mm256_madd_epi16(a_hi, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b8, 1)));
+            let prod = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), order);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
 /// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same
 /// flavour: returns the f32 `d` and the quants as i32 in 4 vectors of 8 (element order).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -243,6 +340,49 @@ pub(super) fn dot_q8_0_q8_0(_: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     // SAFETY: see above.
     unsafe { dot_q8_0_q8_0_impl(w, x) }
+}
+
+/// The one-row dots of a weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of the one-row kernel). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q4_1_q8_1_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ4_1],
+    x: [&[BlockQ8_1]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_1_q8_1_xn_impl(w, x) }
+}
+
+/// See [`dot_q4_1_q8_1_xn`].
+pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ4_0],
+    x: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_0_q8_0_xn_impl(w, x) }
+}
+
+/// See [`dot_q4_1_q8_1_xn`].
+pub(super) fn dot_q8_0_q8_0_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ8_0],
+    x: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q8_0_q8_0_xn_impl(w, x) }
 }
 
 pub(super) fn quantize_row_q8_0(_: Token, src: &[f32], dst: &mut [BlockQ8_0], r: Q8Rounding) {

@@ -778,6 +778,74 @@ fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
     let _ = (w, start, len);
 }
 
+/// Activation rows [`Kernels::matvec_tokens`] takes at once.
+pub const MATVEC_TOKENS: usize = 4;
+
+impl Kernels {
+    /// [`Kernels::matvec`] for [`MATVEC_TOKENS`] activation rows at once: `y[t][i] = dot(W row
+    /// rows.start + i, x_q[t])`. Results are bit-identical to `MATVEC_TOKENS` calls of
+    /// `matvec`; each weight row is loaded and unpacked once for all of them (prefill). Returns
+    /// false, having done nothing, where this instruction set has no such kernel for `w_ty`:
+    /// the caller then runs `matvec` per token.
+    ///
+    /// # Panics
+    /// As [`Kernels::matvec`].
+    pub fn matvec_tokens(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        x_q: [&[u8]; MATVEC_TOKENS],
+        rows: Range<usize>,
+        y: [&mut [f32]; MATVEC_TOKENS],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa {
+            if !matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0) {
+                return false;
+            }
+            let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
+            let xb = row_bytes_checked("matvec", vec_dot_type(w_ty), n)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
+            assert!(
+                x_q.iter().all(|x| x.len() >= xb),
+                "matvec: activation too short"
+            );
+            assert!(
+                y.iter().all(|y| y.len() == rows.len()),
+                "matvec: y must have one slot per row"
+            );
+            let w = &w[rows.start * rb..rows.end * rb];
+            let x = x_q.map(|x| &x[..xb]);
+            let mut y = y;
+            if rb == 0 {
+                y.iter_mut().for_each(|y| y.fill(0.0));
+                return true;
+            }
+            macro_rules! rows_with {
+                ($dot:path) => {{
+                    let xbl = x.map(|x| blocks(x));
+                    for (i, wr) in w.chunks_exact(rb).enumerate() {
+                        let r = $dot(t, blocks(wr), xbl);
+                        for (yt, rt) in y.iter_mut().zip(r) {
+                            yt[i] = rt;
+                        }
+                    }
+                }};
+            }
+            match w_ty {
+                GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
+                GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
+                _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
+            }
+            return true;
+        }
+        let _ = (w_ty, n, w, x_q, rows, y);
+        false
+    }
+}
+
 impl Default for Kernels {
     fn default() -> Self {
         Kernels::detect()

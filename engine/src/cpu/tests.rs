@@ -176,6 +176,66 @@ fn matvec_rows_relative_output() {
     }
 }
 
+/// The multi-token kernels give, for every token, exactly the bits of the one-token matvec, on
+/// random rows of several lengths (including one block) and row ranges; without such a kernel
+/// the call declines.
+#[test]
+fn matvec_tokens_equal_matvec_bit_for_bit() {
+    let mut r = Rng::new(41);
+    for k in all_kernels() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::F16,
+        ] {
+            for n in [32usize, 96, 576, 2048] {
+                let rows = 7;
+                let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+                let xt = vec_dot_type(ty);
+                let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
+                    .map(|_| {
+                        let mut b = vec![0u8; bytes_of(xt, n)];
+                        k.quantize_row(xt, &r.vec(n, 1.0), &mut b).unwrap();
+                        b
+                    })
+                    .collect();
+                let range = 1..rows;
+                let mut got = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
+                let [a, b, c, d] = &mut got[..] else {
+                    unreachable!()
+                };
+                let done = k.matvec_tokens(
+                    ty,
+                    n,
+                    &w,
+                    std::array::from_fn(|t| &xs[t][..]),
+                    range.clone(),
+                    [a, b, c, d],
+                );
+                if !done {
+                    assert!(
+                        got.iter().flatten().all(|v| v.is_nan()),
+                        "declined but wrote"
+                    );
+                    continue;
+                }
+                for (t, x) in xs.iter().enumerate() {
+                    let mut want = vec![0.0f32; range.len()];
+                    k.matvec(ty, n, &w, x, range.clone(), &mut want);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got[t]),
+                        bits(&want),
+                        "{} {ty} n={n} token {t}",
+                        k.isa_name()
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn detect_honours_env_and_names() {
     assert_eq!(Kernels::scalar().isa_name(), "scalar");

@@ -946,7 +946,23 @@ impl OpCtx<'_> {
         let mut start = mine.start;
         while start < mine.end {
             let end = (start + ROWS_PER_CHUNK).min(mine.end);
-            for t in 0..n_tok {
+            let mut t = 0;
+            // Groups of tokens through the multi-token kernel where there is one (prefill).
+            while t + cpu::MATVEC_TOKENS <= n_tok {
+                let xs: [&[u8]; cpu::MATVEC_TOKENS] =
+                    std::array::from_fn(|k| &xq[(t + k) * xrb..(t + k + 1) * xrb]);
+                let ys: [&mut [f32]; cpu::MATVEC_TOKENS] =
+                    std::array::from_fn(|k| self.output(out, t + k, start..end));
+                if !self
+                    .exec
+                    .kernels
+                    .matvec_tokens(w.ty, w.row_len, bytes, xs, start..end, ys)
+                {
+                    break;
+                }
+                t += cpu::MATVEC_TOKENS;
+            }
+            for t in t..n_tok {
                 let y = self.output(out, t, start..end);
                 self.exec.kernels.matvec(
                     w.ty,
