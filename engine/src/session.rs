@@ -158,6 +158,12 @@ impl SessionPlan {
     /// memory report. Allocates nothing that grows with the context.
     pub fn new(model: &Model, cfg: &SessionConfig) -> Result<SessionPlan> {
         let p = &model.params;
+        if model.layout.is_encoder() {
+            return Err(EngineError::InvalidArgument(format!(
+                "this is an encoder (embedding) model ({}): it computes embeddings, not next-token logits; use `edge-run embed` (the library's embed::Embedder)",
+                p.arch
+            )));
+        }
         let ctx = cfg.ctx.unwrap_or(DEFAULT_CTX.min(p.n_ctx_train));
         if ctx == 0 {
             return Err(EngineError::InvalidArgument(

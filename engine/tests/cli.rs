@@ -223,6 +223,7 @@ fn help_and_readme_list_the_same_flags() {
         &["inspect", "--help"],
         &["plan", "--help"],
         &["bench", "--help"],
+        &["embed", "--help"],
     ] {
         let out = run(args);
         assert_eq!(out.code, Some(0), "{out:?}");
@@ -252,7 +253,7 @@ fn help_and_readme_list_the_same_flags() {
         assert!(help.contains(short), "--help lacks {short}");
         assert!(usage.contains(short), "README Usage lacks {short}");
     }
-    for sub in ["tokenize", "inspect", "plan", "bench"] {
+    for sub in ["tokenize", "inspect", "plan", "bench", "embed"] {
         assert!(
             help.contains(sub) && usage.contains(sub),
             "{sub} undocumented"
@@ -1258,4 +1259,187 @@ fn plan_reports_cuda_device_allocations_without_a_gpu() {
     );
     let out = run(&["plan", s(&m), "--device", "cuda", "--kv-type", "q8_0"]);
     assert_error(&out, &["q8_0", "--device cuda"]);
+}
+
+// ---------------------------------------------------------------- embed (encoder models)
+
+/// all-MiniLM-L6-v2 (scripts/fetch-embed-model.sh; or EDGE_RUN_EMBED_MODEL), or `None` with a
+/// "skipped" line when it is missing.
+fn minilm() -> Option<PathBuf> {
+    let p = match std::env::var_os("EDGE_RUN_EMBED_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => repo().join("models/all-MiniLM-L6-v2.f16.gguf"),
+    };
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipped: {} is missing; run scripts/fetch-embed-model.sh",
+            p.display()
+        );
+        None
+    }
+}
+
+fn norm(v: &[f64]) -> f64 {
+    v.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+#[test]
+fn embed_prints_one_vector_per_text() {
+    let Some(m) = minilm() else { return };
+    let refs = read_jsonl(&repo().join("tests/data/embed/embeddings.jsonl"));
+    let (t0, t1) = (
+        refs[0]["text"].as_str().unwrap(),
+        refs[2]["text"].as_str().unwrap(),
+    );
+    // Plain: one line of 384 numbers per text, unit length (normalised by default).
+    let out = run(&["embed", s(&m), t0, t1, "-t", "1"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines: Vec<Vec<f64>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split(' ').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for v in &lines {
+        assert_eq!(v.len(), 384);
+        assert!((norm(v) - 1.0).abs() < 1e-4, "{}", norm(v));
+    }
+    // JSON, raw vectors: the same direction and length as llama.cpp's.
+    let out = run(&["embed", s(&m), t0, t1, "--no-normalize", "--json"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let arr = v.as_array().unwrap();
+    assert_eq!(arr.len(), 2);
+    for (rec, want) in arr.iter().zip([&refs[0], &refs[2]]) {
+        assert_eq!(rec["text"], want["text"]);
+        assert!(rec["n_tokens"].as_u64().unwrap() >= 3);
+        let got: Vec<f64> = rec["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let want: Vec<f64> = want["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let cos =
+            got.iter().zip(&want).map(|(a, b)| a * b).sum::<f64>() / (norm(&got) * norm(&want));
+        assert!(cos >= 0.999, "cosine {cos}");
+        assert!((norm(&got) / norm(&want) - 1.0).abs() < 5e-3);
+    }
+    // --no-normalize then --normalize: the last wins.
+    let out = run(&[
+        "embed",
+        s(&m),
+        t0,
+        "--no-normalize",
+        "--normalize",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let e: Vec<f64> = v[0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert!((norm(&e) - 1.0).abs() < 1e-5);
+    // CLS pooling gives another vector than mean pooling.
+    let cls = run(&["embed", s(&m), t0, "--pooling", "cls"]);
+    assert_eq!(cls.code, Some(0), "{cls:?}");
+    assert_ne!(cls.stdout.lines().next(), out.stdout.lines().next());
+}
+
+#[test]
+fn embed_and_encoder_errors_are_one_line() {
+    let Some(m) = minilm() else { return };
+    let long = "word ".repeat(20);
+    for (args, needles) in [
+        (
+            vec!["embed", s(&m), long.as_str(), "--max-tokens", "8"],
+            &["text 1", "22 tokens", "8", "--max-tokens"][..],
+        ),
+        (
+            vec!["embed", s(&m), "hi", "--max-tokens", "513"],
+            &["--max-tokens 513", "512"],
+        ),
+        (
+            vec!["embed", s(&m), "hi", "--pooling", "max"],
+            &["mean, cls or last"],
+        ),
+        (
+            vec!["embed", s(&m), "hi", "--device", "cuda"],
+            &["encoder", "--device cpu"],
+        ),
+        (
+            vec!["embed", s(&m), "hi", "--kv-type", "q8_0"],
+            &["no kv cache"],
+        ),
+        (vec!["embed", s(&m)], &["TEXT"]),
+        (
+            vec![
+                "embed",
+                s(&m),
+                "hi",
+                "--mem-budget",
+                "1MiB",
+                "--max-tokens",
+                "512",
+            ],
+            &["budget", "--ctx"],
+        ),
+        (vec![s(&m), "-p", "hi"], &["encoder", "edge-run embed"]),
+        (vec!["bench", s(&m)], &["encoder", "edge-run embed"]),
+        (
+            vec!["plan", s(&m), "--ubatch", "8"],
+            &["--ubatch", "encoder"],
+        ),
+        (vec!["plan", s(&m), "--ctx", "600"], &["--ctx 600", "512"]),
+        (
+            vec!["plan", s(&m), "--ctx", "512", "--mem-budget", "2MiB"],
+            &["budget", "--ctx"],
+        ),
+    ] {
+        assert_error(&run(&args), needles);
+    }
+    // A decoder model is no embedding model.
+    assert_error(
+        &run(&["embed", s(&model()), "hi"]),
+        &["decoder", "encoder", "fetch-embed-model.sh"],
+    );
+}
+
+#[test]
+fn plan_reports_an_encoder_without_kv_cache() {
+    let Some(m) = minilm() else { return };
+    let out = run(&["plan", s(&m), "--json", "-t", "2"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["encoder"], true);
+    assert_eq!(v["kv_bytes"], 0);
+    assert_eq!(v["ctx"], 512);
+    assert_eq!(v["pooling"], "mean");
+    let arena = v["arena_bytes"].as_u64().unwrap();
+    assert!(arena > 0 && arena >= v["arena_lower_bound_bytes"].as_u64().unwrap());
+    assert_eq!(
+        v["owned_bytes"].as_u64().unwrap(),
+        arena + v["scratch_bytes"].as_u64().unwrap()
+    );
+    // A budget without --ctx: the longest text that fits, whose plan fits.
+    let out = run(&["plan", s(&m), "--json", "-t", "2", "--mem-budget", "2MiB"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let ctx = v["ctx"].as_u64().unwrap();
+    assert!(ctx > 16 && ctx < 512, "{ctx}");
+    assert_eq!(v["max_ctx"], ctx);
+    assert!(v["owned_bytes"].as_u64().unwrap() <= 2 << 20);
+    // The text summary names the encoder and the missing KV cache.
+    let out = run(&["plan", s(&m)]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("encoder") && out.stdout.contains("none: an encoder"));
 }

@@ -121,3 +121,24 @@ fn count() {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+/// all-MiniLM-L6-v2 converted to GGUF by scripts/fetch-embed-model.sh (override with
+/// `EDGE_RUN_EMBED_MODEL`), or `None` with a line on stderr saying how to get it: the embedding
+/// tests then skip (CI runs the script first, through scripts/test.sh).
+pub fn minilm_path() -> Option<PathBuf> {
+    let p = match std::env::var_os("EDGE_RUN_EMBED_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2.f16.gguf")
+        }
+    };
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipped: {} is missing; run scripts/fetch-embed-model.sh (scripts/test.sh does)",
+            p.display()
+        );
+        None
+    }
+}

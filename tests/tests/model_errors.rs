@@ -420,7 +420,9 @@ fn separate_output_head_is_used() {
         });
     });
     let separate = Arc::new(load(&separate).expect("a model with its own output head loads"));
-    let edge_engine::model::Layout::Decoder(layout) = &separate.layout;
+    let edge_engine::model::Layout::Decoder(layout) = &separate.layout else {
+        panic!("a llama model has a decoder layout")
+    };
     assert_ne!(layout.output, layout.token_embd);
     let prompt = [3u32, 1, 4, 1, 5];
     let want: Vec<f32> = session(&tied, 16, 8)

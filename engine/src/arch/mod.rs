@@ -1,6 +1,7 @@
 //! Graph builders, one per architecture. Each reads its hyper-parameters from metadata, binds
 //! its weights (checking names and shapes), and builds the forward pass as a [`crate::graph::Graph`].
 
+pub mod bert;
 pub mod llama;
 
 use crate::graph::Graph;
@@ -10,5 +11,6 @@ use crate::model::{Layout, Model};
 pub fn build_graph(model: &Model, ubatch: usize) -> Graph {
     match &model.layout {
         Layout::Decoder(w) => llama::build_graph(model, w, ubatch),
+        Layout::Encoder(w) => bert::build_graph(model, w, ubatch),
     }
 }

@@ -3,7 +3,7 @@
 //! `edge-run MODEL.gguf -p PROMPT` generates text (streamed to stdout; logs go to stderr);
 //! `edge-run tokenize`, `edge-run inspect` work on any GGUF; `edge-run plan` prints the memory a
 //! session would hold (without allocating it) and `edge-run bench` measures prompt processing and
-//! generation speed. Every error is one line on stderr and a non-zero exit status (2 for a bad
+//! generation speed; `edge-run embed` prints sentence embeddings from an encoder (BERT) model. Every error is one line on stderr and a non-zero exit status (2 for a bad
 //! command line, 1 for anything else).
 
 use std::io::{Read, Write};
@@ -33,6 +33,7 @@ use edge_tokenizers::{StreamDecoder, Tokenizer};
 ///   edge-run inspect model.gguf
 ///   edge-run plan model.gguf --ctx 8192
 ///   edge-run bench model.gguf -p 512 -n 128
+///   edge-run embed models/all-MiniLM-L6-v2.f16.gguf "A sentence" "Another one" --json
 #[derive(Parser, Debug)]
 #[command(name = "edge-run", version, verbatim_doc_comment)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -54,6 +55,46 @@ enum Command {
     Plan(PlanArgs),
     /// Measure prompt processing (pp) and generation (tg) speed in tokens/s, like llama-bench.
     Bench(BenchArgs),
+    /// Print sentence embeddings of texts from an encoder (BERT) model: one line of numbers per
+    /// text, or JSON with --json.
+    Embed(EmbedArgs),
+}
+
+#[derive(Args, Debug)]
+struct EmbedArgs {
+    /// The GGUF model file (an encoder such as all-MiniLM-L6-v2).
+    model: PathBuf,
+    /// The texts; each gives one embedding, in order.
+    #[arg(value_name = "TEXT", required = true)]
+    texts: Vec<String>,
+    /// L2-normalise each embedding (the default).
+    #[arg(long, overrides_with = "no_normalize")]
+    normalize: bool,
+    /// Print the raw pooled vectors, not normalised (what llama.cpp's llama_get_embeddings_seq
+    /// returns).
+    #[arg(long = "no-normalize", overrides_with = "normalize")]
+    no_normalize: bool,
+    /// Pooling: mean, cls or last [default: the model's pooling_type].
+    #[arg(long, value_name = "KIND", value_parser = pooling_arg)]
+    pooling: Option<edge_engine::embed::Pooling>,
+    /// Longest text in tokens, [CLS] and [SEP] included [default: the model's context length].
+    #[arg(long = "max-tokens", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    max_tokens: Option<usize>,
+    /// Threads [default: the available cores].
+    #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
+    threads: Option<usize>,
+    /// Device: only cpu runs encoder models [default: cpu].
+    #[arg(long = "device", value_name = "DEVICE", value_parser = device_arg)]
+    device: Option<Device>,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    /// Print a JSON array of {"text", "n_tokens", "embedding"} objects.
+    #[arg(long)]
+    json: bool,
+}
+
+fn pooling_arg(s: &str) -> Result<edge_engine::embed::Pooling, String> {
+    edge_engine::embed::Pooling::from_name(s).ok_or_else(|| "expected mean, cls or last".into())
 }
 
 #[derive(Args, Debug)]
@@ -441,7 +482,7 @@ fn clap_error_line(e: &clap::Error) -> String {
     let sub = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
-        .filter(|a| ["tokenize", "inspect", "plan", "bench"].contains(&a.as_str()));
+        .filter(|a| ["tokenize", "inspect", "plan", "bench", "embed"].contains(&a.as_str()));
     match sub {
         Some(sub) => format!("{line} (see edge-run {sub} --help)"),
         None => format!("{line} (see edge-run --help)"),
@@ -546,6 +587,7 @@ fn main() -> ExitCode {
         Some(Command::Inspect(a)) => inspect(a).map(|()| 0),
         Some(Command::Plan(a)) => plan(a).map(|()| 0),
         Some(Command::Bench(a)) => bench(a).map(|()| 0),
+        Some(Command::Embed(a)) => embed(a).map(|()| 0),
         None => generate(cli.generate),
     });
     match result {
@@ -675,6 +717,20 @@ fn inspect(a: InspectArgs) -> CliResult {
 
 // ---- generate ----
 
+/// Generation and benchmarks need a decoder; an encoder gets the command that fits it.
+fn refuse_encoder(path: &Path, model: &Model) -> CliResult {
+    if model.layout.is_encoder() {
+        return Err(format!(
+            "{}: {} is an encoder (embedding) model: it computes embeddings, not text; use `edge-run embed {} TEXT...`",
+            path.display(),
+            model.params.arch,
+            path.display()
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn load_model(path: &Path) -> CliResult<Model> {
     let gguf = open_gguf(path)?;
     if gguf.tensors().is_empty() {
@@ -761,6 +817,7 @@ fn generate(a: GenerateArgs) -> CliResult<u8> {
 
     let t_load = Instant::now();
     let model = Arc::new(load_model(&path)?);
+    refuse_encoder(&path, &model)?;
     log::info!(
         "loaded {} in {:.0} ms",
         path.display(),
@@ -983,6 +1040,9 @@ fn write_lines(lines: &[String]) -> CliResult {
 
 fn plan(a: PlanArgs) -> CliResult {
     let model = load_model(&a.model)?;
+    if model.layout.is_encoder() {
+        return plan_encoder(&a, &model);
+    }
     check_ctx(&model, a.ctx)?;
     let cfg = session_config(a.ctx, a.ubatch, a.threads, &a.budget, a.device, &model)?;
     let budget = a.budget.budget()?;
@@ -1199,6 +1259,7 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 
 fn bench(a: BenchArgs) -> CliResult {
     let model = Arc::new(load_model(&a.model)?);
+    refuse_encoder(&a.model, &model)?;
     let n_ctx_train = model.params.n_ctx_train;
     let need = a.n_prompt.max(a.n_gen + 1);
     if need > n_ctx_train {
@@ -1359,6 +1420,231 @@ fn bench(a: BenchArgs) -> CliResult {
     ));
     for r in rows {
         lines.push(fmt_row(r.to_vec()));
+    }
+    write_lines(&lines)
+}
+
+/// The embedder's settings from the command line, refusing the flags that do not apply to an
+/// encoder (it has no KV cache and runs on the CPU).
+fn embed_config(
+    model: &Model,
+    flag: &str,
+    max_tokens: Option<usize>,
+    threads: Option<usize>,
+    device: Option<Device>,
+    budget: &BudgetArgs,
+) -> CliResult<edge_engine::embed::EmbedConfig> {
+    if let Some(Device::Cuda(_)) = device {
+        let reason = edge_engine::device::cuda_unsupported(model)
+            .unwrap_or_else(|| "encoder models run on the CPU; use --device cpu".into());
+        return Err(CliError::usage(format!("--device cuda: {reason}")));
+    }
+    if budget.kv_type != edge_engine::exec::KvType::F16 || budget.flash_attn {
+        return Err(CliError::usage(
+            "--kv-type and --flash-attn do not apply to an encoder model (it has no KV cache); leave them out",
+        ));
+    }
+    let n_ctx = model.params.n_ctx_train;
+    if let Some(n) = max_tokens.filter(|&n| n > n_ctx) {
+        return Err(CliError::usage(format!(
+            "{flag} {n}: the model takes at most {n_ctx} tokens per text (its position table); use at most {n_ctx}"
+        )));
+    }
+    Ok(edge_engine::embed::EmbedConfig {
+        max_tokens,
+        threads,
+        ..Default::default()
+    })
+}
+
+/// Plans an embedder, within the budget if there is one.
+fn embed_plan(
+    model: &Model,
+    cfg: &edge_engine::embed::EmbedConfig,
+    budget: Option<&edge_targets::Budget>,
+) -> CliResult<edge_engine::embed::EmbedPlan> {
+    use edge_engine::embed::EmbedPlan;
+    match budget {
+        None => EmbedPlan::new(model, cfg),
+        Some(b) => EmbedPlan::within_budget(model, cfg, b),
+    }
+    .map_err(|e| match e {
+        EngineError::Budget(_) => CliError::from(format!(
+            "{e} (for an encoder the context is the longest text: --max-tokens / --ctx)"
+        )),
+        e => CliError::from(format!("cannot plan the embedder: {e}")),
+    })
+}
+
+/// `edge-run plan` for an encoder model: the embedder's memory (`--ctx` is the longest text).
+fn plan_encoder(a: &PlanArgs, model: &Model) -> CliResult {
+    if a.ubatch.is_some() {
+        return Err(CliError::usage(
+            "--ubatch does not apply to an encoder model (it runs each text in one pass of up to --ctx tokens); leave it out",
+        ));
+    }
+    let cfg = embed_config(model, "--ctx", a.ctx, a.threads, a.device, &a.budget)?;
+    let budget = a.budget.budget()?;
+    let plan = embed_plan(model, &cfg, budget.as_ref())?;
+    let max_ctx = budget.as_ref().and_then(|b| {
+        if a.ctx.is_none() {
+            return Some(plan.max_tokens);
+        }
+        let probe = edge_engine::embed::EmbedConfig {
+            max_tokens: None,
+            ..cfg.clone()
+        };
+        edge_engine::embed::EmbedPlan::within_budget(model, &probe, b)
+            .ok()
+            .map(|p| p.max_tokens)
+    });
+    let r = plan.report;
+    if a.json {
+        let v = serde_json::json!({
+            "max_ctx": max_ctx,
+            "budget_bytes": budget.as_ref().map(|b| b.limit_bytes),
+            "budget_counts_weights": budget.as_ref().map(|b| b.count_weights),
+            "weights_bytes": r.weights_bytes,
+            "kv_bytes": r.kv_bytes,
+            "arena_bytes": r.arena_bytes,
+            "arena_lower_bound_bytes": r.arena_lower_bound_bytes,
+            "scratch_bytes": r.scratch_bytes,
+            "runtime_bytes": r.runtime_bytes,
+            "owned_bytes": r.owned_bytes(),
+            "total_bytes": r.total_bytes(),
+            "ctx": plan.max_tokens,
+            "ubatch": plan.max_tokens,
+            "threads": plan.threads,
+            "device": "cpu",
+            "encoder": true,
+            "pooling": plan.pooling.name(),
+        });
+        return write_lines(&[v.to_string()]);
+    }
+    let p = &model.params;
+    let row = |name: &str, bytes: u64, note: String| {
+        format!("  {name:<28} {:>12} {bytes:>14} B  {note}", mib(bytes))
+    };
+    let ratio = r.arena_bytes as f64 / (r.arena_lower_bound_bytes.max(1)) as f64;
+    let mut lines = vec![
+        format!(
+            "{}: {} encoder (embeddings, {} pooling), {} layers; up to {} tokens per text, {} threads",
+            a.model.display(),
+            p.arch,
+            plan.pooling.name(),
+            p.n_layer,
+            plan.max_tokens,
+            plan.threads
+        ),
+        String::new(),
+        row("weights", r.weights_bytes, "mapped from the file, not copied".into()),
+        row("KV cache", 0, "none: an encoder sees each text in one pass".into()),
+        row(
+            "arena (activations)",
+            r.arena_bytes,
+            format!(
+                "planned for {} tokens; lower bound {} ({ratio:.3}x the lower bound)",
+                plan.max_tokens,
+                mib(r.arena_lower_bound_bytes)
+            ),
+        ),
+        row(
+            "scratch",
+            r.scratch_bytes,
+            format!(
+                "{} threads x {}",
+                plan.threads,
+                mib(r.scratch_bytes / plan.threads.max(1) as u64)
+            ),
+        ),
+        row("total owned", r.owned_bytes(), "arena + scratch: allocated by the embedder".into()),
+        row(
+            "total with weights",
+            r.owned_with_weights_bytes(),
+            "owned + mapped weights".into(),
+        ),
+        row(
+            "model runtime",
+            r.runtime_bytes,
+            "tokenizer and metadata heap, measured at load".into(),
+        ),
+        row(
+            "total",
+            r.total_bytes(),
+            "what the process holds: weights + runtime + owned".into(),
+        ),
+    ];
+    if let (Some(b), Some(m)) = (&budget, max_ctx) {
+        lines.push(format!(
+            "budget {} ({}): the longest text that fits is {m} tokens",
+            mib(b.limit_bytes),
+            if b.count_weights {
+                "weights counted"
+            } else {
+                "weights not counted"
+            }
+        ));
+    }
+    write_lines(&lines)
+}
+
+fn embed(a: EmbedArgs) -> CliResult {
+    let model = load_model(&a.model)?;
+    if !model.layout.is_encoder() {
+        return Err(format!(
+            "{}: {} is a decoder (text generation) model; `edge-run embed` needs an encoder (embedding) model such as all-MiniLM-L6-v2 (scripts/fetch-embed-model.sh fetches it)",
+            a.model.display(),
+            model.params.arch
+        )
+        .into());
+    }
+    let mut cfg = embed_config(
+        &model,
+        "--max-tokens",
+        a.max_tokens,
+        a.threads,
+        a.device,
+        &a.budget,
+    )?;
+    cfg.pooling = a.pooling;
+    // The two flags override each other: the last one given wins.
+    cfg.normalize = !a.no_normalize;
+    let budget = a.budget.budget()?;
+    let plan = embed_plan(&model, &cfg, budget.as_ref())?;
+    let model = Arc::new(model);
+    let mut embedder = edge_engine::embed::Embedder::from_plan(Arc::clone(&model), plan)
+        .map_err(|e| format!("cannot set up the embedder: {e}"))?;
+    let mut lines = Vec::with_capacity(a.texts.len());
+    let mut records = Vec::new();
+    for (i, text) in a.texts.iter().enumerate() {
+        let n_tokens = model
+            .tokenize(text, true, false)
+            .map_err(|e| format!("text {}: {e}", i + 1))?
+            .len();
+        let v = embedder.embed(&[text.as_str()]).map_err(|e| match e {
+            EngineError::InvalidArgument(m) => {
+                m.replacen("text 1 ", &format!("text {} ", i + 1), 1)
+            }
+            e => format!("text {}: {e}", i + 1),
+        })?;
+        let v = v.into_iter().next().unwrap_or_default();
+        if a.json {
+            records.push(serde_json::json!({
+                "text": text,
+                "n_tokens": n_tokens,
+                "embedding": v,
+            }));
+        } else {
+            lines.push(
+                v.iter()
+                    .map(|x| format!("{x:.6}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+        }
+    }
+    if a.json {
+        lines.push(serde_json::Value::Array(records).to_string());
     }
     write_lines(&lines)
 }

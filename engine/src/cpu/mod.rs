@@ -27,6 +27,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_quants;
 mod bf16;
+mod encoder;
 mod f16;
 mod f32;
 pub mod ggml_order;
@@ -57,6 +58,7 @@ use std::ops::Range;
 use crate::tensor::GgmlType;
 
 pub use bf16::{bf16_bits_to_f32, f32_to_bf16_bits};
+pub use encoder::{attend_all, gelu, gelu_tanh, layer_norm};
 pub use ops::{f32_to_f16_row, rms_norm};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;

@@ -671,6 +671,18 @@ impl CudaExecutor {
                     256,
                     &[ptr(x), ptr(out), I32(cols(out) as i32), I32(n as i32 - 1)],
                 )?,
+                // Encoder models run on the CPU (device::cuda_unsupported says so first).
+                Op::AddTableRow { .. }
+                | Op::LayerNorm { .. }
+                | Op::AddBias { .. }
+                | Op::Gelu { .. }
+                | Op::EncoderAttention { .. }
+                | Op::Pool { .. } => {
+                    return Err(format!(
+                        "the CUDA backend has no {} op: encoder (embedding) models run on the CPU",
+                        op.kind()
+                    ))
+                }
             }
         }
         let o = pg.graph.output;

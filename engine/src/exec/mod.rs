@@ -884,6 +884,173 @@ impl OpCtx<'_> {
                         .copy_from_slice(self.input(x, last..last + 1));
                 }
             }
+            Op::AddTableRow { x, table, row, out } => self.add_table_row(x, table, row, out),
+            Op::LayerNorm {
+                x,
+                weight,
+                bias,
+                eps,
+                out,
+            } => {
+                let (w, b) = (self.model.weight_f32(weight), self.model.weight_f32(bias));
+                let cols = self.cols(out);
+                for t in self.share(self.rows_of(out), 1) {
+                    cpu::layer_norm(
+                        self.input(x, t..t + 1),
+                        w,
+                        b,
+                        eps,
+                        self.output(out, t, 0..cols),
+                    );
+                }
+            }
+            Op::AddBias { x, bias, out } => {
+                let b = self.model.weight_f32(bias);
+                let cols = self.cols(out);
+                let in_place = self.aliases(out, x);
+                for t in self.share(self.rows_of(out), 1) {
+                    let o = self.output(out, t, 0..cols);
+                    if in_place {
+                        // The output sits on x (fact 1): read each element through it.
+                        for (o, &b) in o.iter_mut().zip(b) {
+                            *o += b;
+                        }
+                    } else {
+                        for ((o, &v), &b) in o.iter_mut().zip(self.input(x, t..t + 1)).zip(b) {
+                            *o = v + b;
+                        }
+                    }
+                }
+            }
+            Op::Gelu { x, out } => {
+                let cols = self.cols(out);
+                let in_place = self.aliases(out, x);
+                for t in self.share(self.rows_of(out), 1) {
+                    let o = self.output(out, t, 0..cols);
+                    if in_place {
+                        for o in o.iter_mut() {
+                            *o = cpu::gelu(*o);
+                        }
+                    } else {
+                        for (o, &v) in o.iter_mut().zip(self.input(x, t..t + 1)) {
+                            *o = cpu::gelu(v);
+                        }
+                    }
+                }
+            }
+            Op::EncoderAttention {
+                q,
+                k,
+                v,
+                n_head,
+                head_dim,
+                scale,
+                out,
+            } => self.encoder_attention(q, k, v, n_head, head_dim, scale, out),
+            Op::Pool { x, pooling, out } => self.pool(x, pooling, out),
+        }
+    }
+
+    /// out[t] = x[t] + the table row `row` names for token t. In place when the plan puts out
+    /// on x: each element is read through the output before it is written.
+    fn add_table_row(
+        &self,
+        x: ValueId,
+        table: crate::graph::WeightId,
+        row: crate::graph::TableRow,
+        out: ValueId,
+    ) {
+        let w = self.model.weight(table);
+        let bytes = self.model.weight_bytes(table);
+        let row_bytes = w.ty.row_bytes(w.row_len as u64).unwrap_or(0) as usize;
+        let cols = self.cols(out);
+        let in_place = self.aliases(out, x);
+        let tmp = &mut self.scratch()[..cols];
+        for t in self.share(self.rows_of(out), 1) {
+            let r = match row {
+                crate::graph::TableRow::Fixed(r) => r,
+                crate::graph::TableRow::Position => self.args.pos0 + t,
+            };
+            // Rows past the table are refused before a run (the embedder checks the length);
+            // a zero row keeps a bug from reading out of bounds.
+            if r >= w.n_rows
+                || cpu::dequantize_row(w.ty, &bytes[r * row_bytes..(r + 1) * row_bytes], tmp)
+                    .is_err()
+            {
+                tmp.fill(0.0);
+            }
+            let o = self.output(out, t, 0..cols);
+            if in_place {
+                for (o, &e) in o.iter_mut().zip(tmp.iter()) {
+                    *o += e;
+                }
+            } else {
+                for ((o, &v), &e) in o.iter_mut().zip(self.input(x, t..t + 1)).zip(tmp.iter()) {
+                    *o = v + e;
+                }
+            }
+        }
+    }
+
+    /// Bidirectional attention: every (token, head) pair attends to all tokens of the run;
+    /// pairs are split among the threads, each writing its own head's slice of the output.
+    #[allow(clippy::too_many_arguments)]
+    fn encoder_attention(
+        &self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        n_head: usize,
+        head_dim: usize,
+        scale: f32,
+        out: ValueId,
+    ) {
+        let n = self.rows_of(out);
+        let (qs, ks, vs) = (
+            self.input(q, 0..n),
+            self.input(k, 0..n),
+            self.input(v, 0..n),
+        );
+        let width = self.cols(q);
+        let scores = self.scratch();
+        for pair in self.share(n * n_head, 1) {
+            let (t, h) = (pair / n_head, pair % n_head);
+            let cols = h * head_dim..(h + 1) * head_dim;
+            let (a, e) = (cols.start, cols.end);
+            let key = |j: usize| &ks[j * width + a..j * width + e];
+            let value = |j: usize| &vs[j * width + a..j * width + e];
+            cpu::attend_all(
+                &qs[t * width + a..t * width + e],
+                n,
+                &key,
+                &value,
+                scale,
+                scores,
+                self.output(out, t, cols.clone()),
+            );
+        }
+    }
+
+    /// One row out: the mean of the rows (summed in f64), the first, or the last.
+    fn pool(&self, x: ValueId, pooling: crate::graph::Pooling, out: ValueId) {
+        let n = self.n_tokens();
+        let cols = self.cols(out);
+        // Columns are split among the threads.
+        let mine = self.share(cols, 16);
+        if mine.is_empty() {
+            return;
+        }
+        let o = self.output(out, 0, mine.clone());
+        match pooling {
+            crate::graph::Pooling::Mean => {
+                let xs = self.input(x, 0..n);
+                for (i, o) in mine.zip(o.iter_mut()) {
+                    let sum: f64 = (0..n).map(|t| f64::from(xs[t * cols + i])).sum();
+                    *o = (sum / n as f64) as f32;
+                }
+            }
+            crate::graph::Pooling::Cls => o.copy_from_slice(&self.input(x, 0..1)[mine]),
+            crate::graph::Pooling::Last => o.copy_from_slice(&self.input(x, n - 1..n)[mine]),
         }
     }
 
