@@ -143,31 +143,50 @@ unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
 // and unpacking, and the independent accumulators keep the FMA units busy instead of waiting
 // on one dependency chain.
 
-/// [`dot_q4_1_q8_1_impl`] of one weight row with `N` activation rows.
+/// [`dot_q4_1_q8_1_impl`] of one weight row with 4 activation rows. The four tokens' scale
+/// products are formed in one register, `[d_w*d_x0, m_w*s_x0, d_w*d_x1, m_w*s_x1, ..]`, each lane
+/// the same single f32 product the one-row kernel forms, and the `m*s` lanes are summed in one
+/// register, each lane with the one-row kernel's sequence of additions.
 ///
 /// # Safety
 /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_q8_1_xn_impl<const N: usize>(w: &[BlockQ4_1], x: [&[BlockQ8_1]; N]) -> [f32; N] {
+unsafe fn dot_q4_1_q8_1_x4_impl(w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut acc_m = [_mm_setzero_ps(); N];
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_m = _mm256_setzero_ps();
+    let lanes = [
+        _mm256_set1_epi32(0),
+        _mm256_set1_epi32(2),
+        _mm256_set1_epi32(4),
+        _mm256_set1_epi32(6),
+    ];
+    let ds = |a: [u8; 2], b: [u8; 2]| i32::from_le_bytes([a[0], a[1], b[0], b[1]]);
     for (i, bw) in w.iter().enumerate() {
         let q = nibbles(&bw.qs);
-        let wdm = f16x4([bw.d[0], bw.d[1], bw.m[0], bw.m[1]], [0; 4]);
-        for t in 0..N {
-            // SAFETY: i < w.len() <= x[t].len() (caller).
-            let bx = unsafe { x[t].get_unchecked(i) };
-            // [d_w*d_x, m_w*s_x, 0, 0]: the lanes the one-row kernel uses, computed alike.
-            let p = _mm_mul_ps(wdm, f16x4([bx.d[0], bx.d[1], bx.s[0], bx.s[1]], [0; 4]));
-            acc_m[t] = _mm_add_ps(acc_m[t], p);
-            let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load_q8(&bx.qs)), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(prod), acc[t]);
+        let wdm = _mm256_cvtph_ps(_mm_set1_epi32(ds(bw.d, bw.m)));
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let xds = _mm256_cvtph_ps(_mm_setr_epi32(
+            ds(bx[0].d, bx[0].s),
+            ds(bx[1].d, bx[1].s),
+            ds(bx[2].d, bx[2].s),
+            ds(bx[3].d, bx[3].s),
+        ));
+        let p = _mm256_mul_ps(wdm, xds);
+        acc_m = _mm256_add_ps(acc_m, p);
+        for t in 0..4 {
+            let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load_q8(&bx[t].qs)), ones);
+            let d = _mm256_permutevar8x32_ps(p, lanes[t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
         }
     }
-    let mut out = [0.0f32; N];
-    for t in 0..N {
-        out[t] = hsum(acc[t]) + _mm_cvtss_f32(_mm_shuffle_ps(acc_m[t], acc_m[t], 1));
+    let mut m = [0.0f32; 8];
+    // SAFETY: `m` has 8 f32; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_ps(m.as_mut_ptr(), acc_m) };
+    let mut out = [0.0f32; 4];
+    for t in 0..4 {
+        out[t] = hsum(acc[t]) + m[2 * t + 1];
     }
     out
 }
@@ -344,20 +363,16 @@ pub(super) fn dot_q8_0_q8_0(_: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
 
 /// The one-row dots of a weight row with `N` activation rows at once (bit-identical to `N`
 /// calls of the one-row kernel). Panics if an activation row is shorter than the weight row.
-pub(super) fn dot_q4_1_q8_1_xn<const N: usize>(
-    _: Token,
-    w: &[BlockQ4_1],
-    x: [&[BlockQ8_1]; N],
-) -> [f32; N] {
+pub(super) fn dot_q4_1_q8_1_x4(_: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
     assert!(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
     // SAFETY: see above; lengths checked.
-    unsafe { dot_q4_1_q8_1_xn_impl(w, x) }
+    unsafe { dot_q4_1_q8_1_x4_impl(w, x) }
 }
 
-/// See [`dot_q4_1_q8_1_xn`].
+/// See [`dot_q4_1_q8_1_x4`].
 pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
     _: Token,
     w: &[BlockQ4_0],
@@ -371,7 +386,7 @@ pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
     unsafe { dot_q4_0_q8_0_xn_impl(w, x) }
 }
 
-/// See [`dot_q4_1_q8_1_xn`].
+/// See [`dot_q4_1_q8_1_x4`].
 pub(super) fn dot_q8_0_q8_0_xn<const N: usize>(
     _: Token,
     w: &[BlockQ8_0],

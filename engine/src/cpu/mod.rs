@@ -837,7 +837,7 @@ impl Kernels {
                 }};
             }
             match w_ty {
-                GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
+                GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }
