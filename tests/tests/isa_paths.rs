@@ -1,5 +1,5 @@
 //! Greedy outputs on the reference prompts with every kernel set this machine runs
-//! ([`Kernels::available`]: scalar, and avx2 on x86-64 / both NEON variants on aarch64), each
+//! ([`Kernels::available`]: scalar, avx2 and avx512 on x86-64 / both NEON variants on aarch64), each
 //! chosen explicitly (as `EDGE_RUN_ISA` would) with the host's activation rounding, on two
 //! threads.
 //!

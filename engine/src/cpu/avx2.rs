@@ -15,10 +15,13 @@ use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
 use super::{f16_le_bytes, Q8Rounding, QK};
 
-/// Proof that this CPU has AVX2, FMA and F16C: only [`Token::detect`] creates one, and every safe
-/// entry point of this file takes one.
+/// Proof that this CPU has AVX2, FMA and F16C (and, where `avx512()` is true, AVX-512 F, BW, VL
+/// and VNNI): only [`Token::detect`] and [`Token::detect_avx512`] create one, and every safe entry
+/// point of this file takes one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Token(());
+pub(super) struct Token {
+    avx512: bool,
+}
 
 impl Token {
     /// A token if this CPU runs the kernels in this file.
@@ -26,7 +29,18 @@ impl Token {
         let ok = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then_some(Token(()))
+        ok.then_some(Token { avx512: false })
+    }
+
+    /// A token that also runs the AVX-512 kernels of `super::avx512` where this file has a
+    /// faster equivalent, if this CPU has them.
+    pub(super) fn detect_avx512() -> Option<Token> {
+        super::avx512::detected().then_some(Token { avx512: true })
+    }
+
+    /// Whether the AVX-512 kernels are used.
+    pub(super) fn avx512(self) -> bool {
+        self.avx512
     }
 }
 
@@ -343,14 +357,24 @@ unsafe fn quantize_row_q8_1_impl(src: &[f32], dst: &mut [BlockQ8_1], r: Q8Roundi
 // Safe wrappers. SAFETY (all of them): a `Token` exists only after `Token::detect` confirmed AVX2,
 // FMA and F16C on this CPU, so the target features the kernels are compiled for are present.
 
-pub(super) fn dot_q4_1_q8_1(_: Token, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+pub(super) fn dot_q4_1_q8_1(t: Token, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
+    if t.avx512 {
+        let x = &x[..w.len()];
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths equal.
+        return unsafe { super::avx512::dot_q4_1_q8_1(w, x) };
+    }
     // SAFETY: see above.
     unsafe { dot_q4_1_q8_1_impl(w, x) }
 }
 
-pub(super) fn dot_q4_0_q8_0(_: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+pub(super) fn dot_q4_0_q8_0(t: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
+    if t.avx512 {
+        let x = &x[..w.len()];
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths equal.
+        return unsafe { super::avx512::dot_q4_0_q8_0(w, x) };
+    }
     // SAFETY: see above.
     unsafe { dot_q4_0_q8_0_impl(w, x) }
 }
@@ -363,18 +387,22 @@ pub(super) fn dot_q8_0_q8_0(_: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
 
 /// The one-row dots of a weight row with `N` activation rows at once (bit-identical to `N`
 /// calls of the one-row kernel). Panics if an activation row is shorter than the weight row.
-pub(super) fn dot_q4_1_q8_1_x4(_: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+pub(super) fn dot_q4_1_q8_1_x4(t: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
     assert!(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
+    if t.avx512 {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q4_1_q8_1_x4(w, x) };
+    }
     // SAFETY: see above; lengths checked.
     unsafe { dot_q4_1_q8_1_x4_impl(w, x) }
 }
 
 /// See [`dot_q4_1_q8_1_x4`].
 pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
-    _: Token,
+    t: Token,
     w: &[BlockQ4_0],
     x: [&[BlockQ8_0]; N],
 ) -> [f32; N] {
@@ -382,6 +410,12 @@ pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
+    if t.avx512 && N == 4 {
+        let x4: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| x[k]);
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        let r = unsafe { super::avx512::dot_q4_0_q8_0_x4(w, x4) };
+        return std::array::from_fn(|k| r[k]);
+    }
     // SAFETY: see above; lengths checked.
     unsafe { dot_q4_0_q8_0_xn_impl(w, x) }
 }

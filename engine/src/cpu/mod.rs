@@ -26,6 +26,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_quants;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod bf16;
 mod encoder;
 mod f16;
@@ -322,8 +324,7 @@ impl Q8Rounding {
     }
 }
 
-/// The names `EDGE_RUN_ISA` and [`Kernels::by_name`] accept. `avx512` is accepted for the
-/// command line's sake; this build has no separate AVX-512 kernels (see [`Kernels::by_name`]).
+/// The names `EDGE_RUN_ISA` and [`Kernels::by_name`] accept.
 pub const ISA_NAMES: [&str; 4] = ["scalar", "avx2", "avx512", "neon"];
 
 /// Which instruction set a [`Kernels`] uses.
@@ -395,7 +396,7 @@ impl Kernels {
     /// constructor but [`Kernels::detect`]).
     pub fn best() -> Kernels {
         #[cfg(target_arch = "x86_64")]
-        if let Some(k) = Kernels::avx2() {
+        if let Some(k) = Kernels::avx512().or_else(Kernels::avx2) {
             return k;
         }
         #[cfg(target_arch = "aarch64")]
@@ -409,12 +410,15 @@ impl Kernels {
     /// this build have them; `neon` is the best NEON variant (with `sdot` where the CPU has the
     /// dot-product instructions). Activation rounding is [`Q8Rounding::GgmlRef`]; use
     /// [`Kernels::with_q8_rounding`] (with [`Q8Rounding::host`] to match [`Kernels::detect`]).
-    /// This build has no separate AVX-512 kernels yet, so `avx512` is `None`.
+    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0 and Q4_1, which
+    /// give the same bits.
     pub fn by_name(name: &str) -> Option<Kernels> {
         match name {
             "scalar" => Some(Kernels::scalar()),
             #[cfg(target_arch = "x86_64")]
             "avx2" => Kernels::avx2(),
+            #[cfg(target_arch = "x86_64")]
+            "avx512" => Kernels::avx512(),
             #[cfg(target_arch = "aarch64")]
             "neon" => Kernels::neon(),
             _ => None,
@@ -427,7 +431,7 @@ impl Kernels {
         #[allow(unused_mut)] // one entry on CPUs without SIMD kernels
         let mut v = vec![Kernels::scalar()];
         #[cfg(target_arch = "x86_64")]
-        v.extend(Kernels::avx2());
+        v.extend(Kernels::avx2().into_iter().chain(Kernels::avx512()));
         #[cfg(target_arch = "aarch64")]
         {
             v.extend(Kernels::neon_without_dotprod());
@@ -463,6 +467,16 @@ impl Kernels {
         })
     }
 
+    /// The AVX-512 kernels (AVX2 plus AVX-512 F, BW, VL and VNNI kernels where they are
+    /// faster; bit-identical results), if this CPU has all of those.
+    #[cfg(target_arch = "x86_64")]
+    pub fn avx512() -> Option<Kernels> {
+        avx2::Token::detect_avx512().map(|t| Kernels {
+            isa: Isa::Avx2(t),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
     /// The NEON kernels, if this CPU has NEON (every aarch64 CPU Linux runs on): with `sdot` if
     /// it has the dot-product instructions (ARMv8.2 `dotprod`, e.g. Orin's Cortex-A78AE), else
     /// with widening multiplies.
@@ -484,12 +498,19 @@ impl Kernels {
         })
     }
 
-    /// The instruction set in use: `"scalar"`, `"avx2"`, `"neon"` or `"neon+dotprod"`.
+    /// The instruction set in use: `"scalar"`, `"avx2"`, `"avx512"`, `"neon"` or
+    /// `"neon+dotprod"`.
     pub fn isa_name(&self) -> &'static str {
         match self.isa {
             Isa::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2(_) => "avx2",
+            Isa::Avx2(t) => {
+                if t.avx512() {
+                    "avx512"
+                } else {
+                    "avx2"
+                }
+            }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon(t) => {
                 if t.dotprod() {

@@ -240,7 +240,7 @@ fn matvec_tokens_equal_matvec_bit_for_bit() {
 fn detect_honours_env_and_names() {
     assert_eq!(Kernels::scalar().isa_name(), "scalar");
     let k = Kernels::detect();
-    assert!(["scalar", "avx2", "neon", "neon+dotprod"].contains(&k.isa_name()));
+    assert!(["scalar", "avx2", "avx512", "neon", "neon+dotprod"].contains(&k.isa_name()));
     if std::env::var("EDGE_RUN_ISA").is_err() {
         assert_eq!(k.isa_name(), Kernels::best().isa_name());
     }
@@ -248,10 +248,20 @@ fn detect_honours_env_and_names() {
         assert_eq!(k.q8_rounding(), Q8Rounding::host());
     }
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(
-        Kernels::best().isa_name() == "avx2",
-        Kernels::avx2().is_some()
-    );
+    {
+        let want = if Kernels::avx512().is_some() {
+            "avx512"
+        } else if Kernels::avx2().is_some() {
+            "avx2"
+        } else {
+            "scalar"
+        };
+        assert_eq!(Kernels::best().isa_name(), want);
+        assert_eq!(
+            Kernels::avx512().is_some(),
+            is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+        );
+    }
     #[cfg(target_arch = "aarch64")]
     {
         let dot = std::arch::is_aarch64_feature_detected!("dotprod");
@@ -443,10 +453,14 @@ fn simd_dots_match_scalar() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn scalar_dots_follow_the_avx2_order_bit_for_bit() {
-    let Some(avx2) = Kernels::by_name("avx2") else {
+    let simd: Vec<Kernels> = ["avx2", "avx512"]
+        .iter()
+        .filter_map(|n| Kernels::by_name(n))
+        .collect();
+    if simd.is_empty() {
         eprintln!("no AVX2 on this CPU: skipped");
         return;
-    };
+    }
     let scalar = Kernels::by_name("scalar").unwrap();
     let mut r = Rng::new(105);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
@@ -462,8 +476,16 @@ fn scalar_dots_follow_the_avx2_order_bit_for_bit() {
             }
             let mut x = vec![0u8; bytes_of(xt, n)];
             quantize_row(xt, &r.vec(n, 2.0), &mut x).unwrap();
-            let (a, b) = (scalar.vec_dot(ty, n, &w, &x), avx2.vec_dot(ty, n, &w, &x));
-            assert_eq!(a.to_bits(), b.to_bits(), "{ty} nb={nb}: {a} vs {b}");
+            let a = scalar.vec_dot(ty, n, &w, &x);
+            for k in &simd {
+                let b = k.vec_dot(ty, n, &w, &x);
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} {ty} nb={nb}: {a} vs {b}",
+                    k.isa_name()
+                );
+            }
         }
     }
 }
