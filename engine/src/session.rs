@@ -106,10 +106,7 @@ pub fn plan_graph(graph: Graph) -> Result<(PlannedGraph, usize, usize)> {
     edge_arena::check_with_inplace(&buffers, &plan.offsets, plan.size, &inplace)
         .map_err(|e| EngineError::Plan(e.to_string()))?;
     Ok((
-        PlannedGraph {
-            graph,
-            offsets: plan.offsets,
-        },
+        PlannedGraph::new(graph, plan.offsets),
         plan.size,
         plan.lower_bound,
     ))
