@@ -150,6 +150,113 @@ unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     hsum(acc)
 }
 
+// ---- several weight rows against one activation row (decode) ----
+//
+// Each row's accumulator sees exactly the one-row kernel's operations in its order (bit-identical
+// results); the rows' independent dependency chains overlap, and the activation block is loaded
+// once for all of them. A decode step streams every weight from memory once, and one row's chain
+// of fused multiply-adds alone leaves most of the memory bandwidth unused.
+
+/// [`dot_q4_1_q8_1_impl`] of `R` weight rows with one activation row.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `w[r]` has at least `x.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_q8_1_rows_impl<const R: usize>(
+    w: [&[BlockQ4_1]; R],
+    x: &[BlockQ8_1],
+) -> [f32; R] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc_m = [_mm_setzero_ps(); R];
+    for (i, bx) in x.iter().enumerate() {
+        let y = load_q8(&bx.qs);
+        for r in 0..R {
+            // SAFETY: i < x.len() <= w[r].len() (caller).
+            let bw = unsafe { w[r].get_unchecked(i) };
+            let h = f16x4(
+                [bw.d[0], bw.d[1], bw.m[0], bw.m[1]],
+                [bx.d[0], bx.d[1], bx.s[0], bx.s[1]],
+            );
+            let p = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+            acc_m[r] = _mm_add_ps(acc_m[r], p);
+            let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(&bw.qs), y), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(prod), acc[r]);
+        }
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        out[r] = hsum(acc[r]) + _mm_cvtss_f32(_mm_shuffle_ps(acc_m[r], acc_m[r], 1));
+    }
+    out
+}
+
+/// [`dot_q4_0_q8_0_impl`] of `R` weight rows with one activation row.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `w[r]` has at least `x.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_q8_0_rows_impl<const R: usize>(
+    w: [&[BlockQ4_0]; R],
+    x: &[BlockQ8_0],
+) -> [f32; R] {
+    let ones = _mm256_set1_epi16(1);
+    let eights = _mm256_set1_epi8(8);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, bx) in x.iter().enumerate() {
+        let y = load_q8(&bx.qs);
+        let ex = _mm256_maddubs_epi16(eights, y);
+        for r in 0..R {
+            // SAFETY: i < x.len() <= w[r].len() (caller).
+            let bw = unsafe { w[r].get_unchecked(i) };
+            let h = f16x4([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
+            let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
+            let qx = _mm256_maddubs_epi16(nibbles(&bw.qs), y);
+            let prod = _mm256_madd_epi16(_mm256_sub_epi16(qx, ex), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc[r]);
+        }
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        out[r] = hsum(acc[r]);
+    }
+    out
+}
+
+/// [`dot_q8_0_q8_0_impl`] of `R` weight rows with one activation row.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `w[r]` has at least `x.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_rows_impl<const R: usize>(
+    w: [&[BlockQ8_0]; R],
+    x: &[BlockQ8_0],
+) -> [f32; R] {
+    let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, bx) in x.iter().enumerate() {
+        let b8 = load_q8(&bx.qs);
+        let b_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b8));
+        let b_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b8, 1));
+        for r in 0..R {
+            // SAFETY: i < x.len() <= w[r].len() (caller).
+            let bw = unsafe { w[r].get_unchecked(i) };
+            let h = f16x4([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
+            let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
+            let a8 = load_q8(&bw.qs);
+            let lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(a8)), b_lo);
+            let hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(a8, 1)), b_hi);
+            let prod = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), order);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc[r]);
+        }
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        out[r] = hsum(acc[r]);
+    }
+    out
+}
+
 // ---- one weight row against several activation rows (prefill) ----
 //
 // Each token's accumulators see exactly the operations, in the order, of the one-row kernels
@@ -357,24 +464,14 @@ unsafe fn quantize_row_q8_1_impl(src: &[f32], dst: &mut [BlockQ8_1], r: Q8Roundi
 // Safe wrappers. SAFETY (all of them): a `Token` exists only after `Token::detect` confirmed AVX2,
 // FMA and F16C on this CPU, so the target features the kernels are compiled for are present.
 
-pub(super) fn dot_q4_1_q8_1(t: Token, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+pub(super) fn dot_q4_1_q8_1(_: Token, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
-    if t.avx512 {
-        let x = &x[..w.len()];
-        // SAFETY: see above (the token's AVX-512 features were detected); lengths equal.
-        return unsafe { super::avx512::dot_q4_1_q8_1(w, x) };
-    }
     // SAFETY: see above.
     unsafe { dot_q4_1_q8_1_impl(w, x) }
 }
 
-pub(super) fn dot_q4_0_q8_0(t: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+pub(super) fn dot_q4_0_q8_0(_: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
-    if t.avx512 {
-        let x = &x[..w.len()];
-        // SAFETY: see above (the token's AVX-512 features were detected); lengths equal.
-        return unsafe { super::avx512::dot_q4_0_q8_0(w, x) };
-    }
     // SAFETY: see above.
     unsafe { dot_q4_0_q8_0_impl(w, x) }
 }
@@ -432,6 +529,28 @@ pub(super) fn dot_q8_0_q8_0_xn<const N: usize>(
     );
     // SAFETY: see above; lengths checked.
     unsafe { dot_q8_0_q8_0_xn_impl(w, x) }
+}
+
+/// The one-row dots of 4 weight rows with one activation row (bit-identical to 4 calls of the
+/// one-row kernel). Panics if a weight row is shorter than the activation row.
+pub(super) fn dot_q4_1_q8_1_rows4(_: Token, w: [&[BlockQ4_1]; 4], x: &[BlockQ8_1]) -> [f32; 4] {
+    assert!(w.iter().all(|r| r.len() >= x.len()), "weight row too short");
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_1_q8_1_rows_impl(w, x) }
+}
+
+/// See [`dot_q4_1_q8_1_rows4`].
+pub(super) fn dot_q4_0_q8_0_rows4(_: Token, w: [&[BlockQ4_0]; 4], x: &[BlockQ8_0]) -> [f32; 4] {
+    assert!(w.iter().all(|r| r.len() >= x.len()), "weight row too short");
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_0_q8_0_rows_impl(w, x) }
+}
+
+/// See [`dot_q4_1_q8_1_rows4`].
+pub(super) fn dot_q8_0_q8_0_rows4(_: Token, w: [&[BlockQ8_0]; 4], x: &[BlockQ8_0]) -> [f32; 4] {
+    assert!(w.iter().all(|r| r.len() >= x.len()), "weight row too short");
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q8_0_q8_0_rows_impl(w, x) }
 }
 
 pub(super) fn quantize_row_q8_0(_: Token, src: &[f32], dst: &mut [BlockQ8_0], r: Q8Rounding) {

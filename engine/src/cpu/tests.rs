@@ -180,7 +180,7 @@ fn matvec_rows_relative_output() {
 /// random rows of several lengths (including one block) and row ranges; without such a kernel
 /// the call declines.
 #[test]
-fn matvec_tokens_equal_matvec_bit_for_bit() {
+fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
     let mut r = Rng::new(41);
     for k in all_kernels() {
         for ty in [
@@ -223,6 +223,17 @@ fn matvec_tokens_equal_matvec_bit_for_bit() {
                 for (t, x) in xs.iter().enumerate() {
                     let mut want = vec![0.0f32; range.len()];
                     k.matvec(ty, n, &w, x, range.clone(), &mut want);
+                    // matvec (several rows at once where a kernel exists) = one vec_dot per row.
+                    let rb = bytes_of(ty, n);
+                    for (i, r) in range.clone().enumerate() {
+                        let one = k.vec_dot(ty, n, &w[r * rb..(r + 1) * rb], x);
+                        assert_eq!(
+                            one.to_bits(),
+                            want[i].to_bits(),
+                            "{} {ty} row {r}",
+                            k.isa_name()
+                        );
+                    }
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got[t]),
@@ -711,5 +722,36 @@ mod neon_order {
         if std::env::var("EDGE_RUN_Q8_ROUNDING").is_err() {
             assert_eq!(Kernels::detect().q8_rounding(), Q8Rounding::GgmlArm);
         }
+    }
+}
+
+/// Decode-like streaming of a weight matrix larger than the caches (700 MB of Q4_0): the
+/// bandwidth each kernel set reaches on one thread (`--ignored`, prints only).
+#[test]
+#[ignore]
+fn bench_matvec_q4_0_dram() {
+    use std::time::Instant;
+    let n = 2048;
+    let rows = 700_000_000 / bytes_of(GgmlType::Q4_0, n);
+    let mut r = Rng::new(7);
+    let row = weight_row(&mut r, GgmlType::Q4_0, n);
+    let w: Vec<u8> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+    let mut x = vec![0u8; bytes_of(GgmlType::Q8_0, n)];
+    quantize_row(GgmlType::Q8_0, &r.vec(n, 1.0), &mut x).unwrap();
+    let mut y = vec![0.0f32; rows];
+    for k in all_kernels() {
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t = Instant::now();
+            k.matvec(GgmlType::Q4_0, n, &w, &x, 0..rows, &mut y);
+            std::hint::black_box(&mut y);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "q4_0 matvec {rows}x{n} ({:.0} MB) {:>6}: {:6.2} GB/s",
+            w.len() as f64 / 1e6,
+            k.isa_name(),
+            w.len() as f64 / best / 1e9
+        );
     }
 }
