@@ -667,42 +667,21 @@ impl Kernels {
                 }
             };
         }
-        // Four rows at a time through a multi-row kernel, the rest one by one.
-        macro_rules! rows4_with {
-            ($t:expr, $dot4:path, $dot:path) => {{
-                let xb = blocks(x);
-                let (y4, y1) = y.split_at_mut(y.len() / 4 * 4);
-                let (w4, w1) = w.split_at(y4.len() * rb);
-                for (i, (ys, ws)) in y4
-                    .chunks_exact_mut(4)
-                    .zip(w4.chunks_exact(4 * rb))
-                    .enumerate()
-                {
-                    prefetch_ahead(w, (i + 1) * 4 * rb + PREFETCH_BYTES, 4 * rb);
-                    let r = $dot4(
-                        $t,
-                        std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb])),
-                        xb,
-                    );
-                    ys.copy_from_slice(&r);
-                }
-                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
-                    *yi = $dot($t, blocks(wr), xb);
-                }
-            }};
-        }
         match (self.isa, w_ty) {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) => {
-                rows4_with!(t, avx2::dot_q4_1_q8_1_rows4, avx2::dot_q4_1_q8_1)
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q4_1_q8_1(t, blocks(wr), xb))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_0) => {
-                rows4_with!(t, avx2::dot_q4_0_q8_0_rows4, avx2::dot_q4_0_q8_0)
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q4_0_q8_0(t, blocks(wr), xb))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q8_0) => {
-                rows4_with!(t, avx2::dot_q8_0_q8_0_rows4, avx2::dot_q8_0_q8_0)
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q8_0_q8_0(t, blocks(wr), xb))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0) => {
