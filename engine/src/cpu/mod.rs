@@ -658,11 +658,19 @@ impl Kernels {
             y.fill(0.0);
             return;
         }
+        // The AVX2 Q4_0/Q4_1/Q8_0 kernels prefetch inside their loops (see avx2.rs).
+        #[cfg(target_arch = "x86_64")]
+        let streams_itself = matches!(self.isa, Isa::Avx2(_))
+            && matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+        #[cfg(not(target_arch = "x86_64"))]
+        let streams_itself = false;
         // One dispatch per call; the per-row closure is monomorphic in the type.
         macro_rules! rows_with {
             ($dot:expr) => {
                 for (i, (yi, wr)) in y.iter_mut().zip(w.chunks_exact(rb)).enumerate() {
-                    prefetch_ahead(w, (i + 1) * rb + PREFETCH_BYTES, rb);
+                    if !streams_itself {
+                        prefetch_ahead(w, (i + 1) * rb + PREFETCH_BYTES, rb);
+                    }
                     *yi = $dot(wr);
                 }
             };
