@@ -50,6 +50,7 @@
 //! library does not panic on bad input. The C API is the `edge-run-capi` crate (`engine/capi`).
 
 pub mod arch;
+pub mod bandwidth;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -1055,9 +1055,57 @@ fn bench_measures_positive_speeds() {
         (8, 4, 2, 1)
     );
     assert!(
-        ["scalar", "avx2"].contains(&v["isa"].as_str().unwrap()),
+        ["scalar", "avx2", "avx512", "neon", "neon+dotprod"].contains(&v["isa"].as_str().unwrap()),
         "{v}"
     );
+    assert!(
+        v.get("read_bandwidth_gbs").is_none(),
+        "only with --bandwidth: {v}"
+    );
+
+    // --bandwidth: the decoded weights (SmolLM2's matmul weights, the tied embedding table
+    // included) streamed once; the limit is bandwidth / those bytes.
+    let out = run(&[
+        "bench",
+        s(&m),
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "--json",
+        "--bandwidth",
+    ]);
+    let v = json_out(&out);
+    let bytes = u(&v, "weights_per_token_bytes");
+    assert!((90 << 20..93 << 20).contains(&bytes), "{v}");
+    let (bw, limit, frac) = (
+        v["read_bandwidth_gbs"].as_f64().unwrap(),
+        v["tg_limit"].as_f64().unwrap(),
+        v["tg_fraction_of_limit"].as_f64().unwrap(),
+    );
+    assert!(bw > 0.0 && limit > 0.0 && frac > 0.0, "{v}");
+    assert!(
+        (limit - bw * 1e9 / bytes as f64).abs() < 1e-6 * limit,
+        "{v}"
+    );
+    let out = run(&[
+        "bench",
+        s(&m),
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "--bandwidth",
+    ]);
+    assert!(out.stdout.contains("of weights per token"), "{out:?}");
 
     let out = run(&["bench", s(&m), "-p", "4", "-n", "2", "-r", "1", "-t", "1"]);
     assert_eq!(out.code, Some(0), "{out:?}");

@@ -375,6 +375,10 @@ struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also measure the memory read bandwidth (the decoded weights streamed by the same number
+    /// of threads) and report the decode speed it allows and the share of it reached.
+    #[arg(long)]
+    bandwidth: bool,
 }
 
 // ---- flag value parsers: each error names what is expected (clap adds the flag and value) ----
@@ -1337,6 +1341,15 @@ fn bench(a: BenchArgs) -> CliResult {
     let (pp, pp_sd) = mean_sd(&pp_rates);
     let (tg, tg_sd) = mean_sd(&tg_rates);
     let isa = session.backend_name();
+    // Decode reads every matmul weight once per token: bandwidth / those bytes is its limit.
+    let bandwidth = a.bandwidth.then(|| {
+        let graph = edge_engine::arch::build_graph(&model, 1);
+        let regions = edge_engine::bandwidth::matmul_weights(&model, &graph);
+        let bytes: usize = regions.iter().map(|r| r.len()).sum();
+        let bw = edge_engine::bandwidth::read_bandwidth(&regions, threads, 5);
+        let limit = bw / bytes.max(1) as f64;
+        (bytes, bw, limit, tg / limit.max(1e-9))
+    });
     let size: u64 = model.gguf().tensors().iter().map(|t| t.n_bytes).sum();
     let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
     let name = a
@@ -1362,6 +1375,13 @@ fn bench(a: BenchArgs) -> CliResult {
             "pp_samples": pp_rates,
             "tg_samples": tg_rates,
         });
+        let mut v = v;
+        if let Some((bytes, bw, limit, frac)) = bandwidth {
+            v["weights_per_token_bytes"] = bytes.into();
+            v["read_bandwidth_gbs"] = (bw / 1e9).into();
+            v["tg_limit"] = limit.into();
+            v["tg_fraction_of_limit"] = frac.into();
+        }
         return write_lines(&[v.to_string()]);
     }
     let header = ["model", "size", "params", "isa", "threads", "test", "t/s"];
@@ -1420,6 +1440,15 @@ fn bench(a: BenchArgs) -> CliResult {
     ));
     for r in rows {
         lines.push(fmt_row(r.to_vec()));
+    }
+    if let Some((bytes, bw, limit, frac)) = bandwidth {
+        lines.push(format!(
+            "decode reads {} of weights per token; streaming them with {threads} thread(s) reads {:.2} GB/s: a limit of {limit:.1} tok/s, tg{} reaches {:.0}% of it",
+            mib(bytes as u64),
+            bw / 1e9,
+            a.n_gen,
+            frac * 100.0
+        ));
     }
     write_lines(&lines)
 }
