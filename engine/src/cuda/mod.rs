@@ -142,8 +142,11 @@ struct Kernels {
     rms_norm: CudaFunction,
     quantize_q8: CudaFunction,
     quantize_float: CudaFunction,
-    mmv: [CudaFunction; 3],
-    mmm: [CudaFunction; 3],
+    quantize_q8_k: CudaFunction,
+    /// Mat-vec (one token) kernels of the types of [`QUANT_MATMUL`], in its order.
+    mmv: Vec<CudaFunction>,
+    /// Mat-mul (token tiles of [`MMM_TILE`]) kernels of the types of [`QUANT_MATMUL`].
+    mmm: Vec<CudaFunction>,
     mm_float: CudaFunction,
     rope: CudaFunction,
     store_kv_f16: CudaFunction,
@@ -166,8 +169,15 @@ impl Kernels {
             rms_norm: f("rms_norm")?,
             quantize_q8: f("quantize_q8")?,
             quantize_float: f("quantize_float")?,
-            mmv: [f("mmv_q4_0")?, f("mmv_q4_1")?, f("mmv_q8_0")?],
-            mmm: [f("mmm_q4_0")?, f("mmm_q4_1")?, f("mmm_q8_0")?],
+            quantize_q8_k: f("quantize_q8_k")?,
+            mmv: QUANT_MATMUL
+                .iter()
+                .map(|(_, suffix)| f(&format!("mmv_{suffix}")))
+                .collect::<Result<_, _>>()?,
+            mmm: QUANT_MATMUL
+                .iter()
+                .map(|(_, suffix)| f(&format!("mmm_{suffix}")))
+                .collect::<Result<_, _>>()?,
             mm_float: f("mm_float")?,
             rope: f("rope")?,
             store_kv_f16: f("store_kv_f16")?,
@@ -179,6 +189,55 @@ impl Kernels {
             argmax: f("argmax_f32")?,
         })
     }
+}
+
+/// The quantized weight types with integer (dp4a) matmul kernels, and the suffix of their kernel
+/// names (`mmv_<suffix>` for one token, `mmm_<suffix>` for token tiles, in kernels.cu). Other
+/// weight types (f32, f16, bf16) go to `mm_float`.
+pub(crate) const QUANT_MATMUL: [(GgmlType, &str); 12] = [
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
+    (GgmlType::Q2_K, "q2_k"),
+    (GgmlType::Q3_K, "q3_k"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
+];
+
+/// Index of `ty` in [`QUANT_MATMUL`] (`None`: not a quantized matmul type).
+pub(crate) fn quant_matmul_index(ty: GgmlType) -> Option<usize> {
+    QUANT_MATMUL.iter().position(|&(t, _)| t == ty)
+}
+
+/// Tokens per tile of the `mmm_*` kernels (`NT` of their instantiations in kernels.cu).
+pub(crate) const MMM_TILE: usize = 8;
+/// Weight rows per thread block of every matmul kernel (one warp per row, 128 threads).
+pub(crate) const MATMUL_ROWS_PER_BLOCK: usize = 4;
+
+/// Grid of a matmul launch (block: 128 threads) for `n_rows` weight rows and `n_tok` tokens:
+/// `x` covers the rows four at a time; `y` the token tiles (`mmm_*`: tiles of [`MMM_TILE`];
+/// `mmv_*`, used for one token: 1; `mm_float`: one token per block, `per_token_blocks`).
+pub(crate) fn matmul_grid(n_rows: usize, n_tok: usize, per_token_blocks: bool) -> (u32, u32) {
+    let x = n_rows.div_ceil(MATMUL_ROWS_PER_BLOCK) as u32;
+    let y = if per_token_blocks {
+        n_tok
+    } else if n_tok == 1 {
+        1
+    } else {
+        n_tok.div_ceil(MMM_TILE)
+    };
+    (x, y as u32)
+}
+
+/// Grid of `quantize_q8` / `quantize_q8_k` (block: 256 threads = 8 warps, one warp per block
+/// of `block_len` values) for `rows` rows of `cols` values.
+pub(crate) fn quantize_grid(rows: usize, cols: usize, block_len: usize) -> u32 {
+    (rows * (cols / block_len)).div_ceil(8) as u32
 }
 
 /// A kernel argument (the kernels' C types: pointers and `unsigned long long` as u64, `int`,
@@ -485,10 +544,22 @@ impl CudaExecutor {
                 Op::Quantize { x, out } => {
                     let (r, c) = (rows(out), cols(out));
                     match vals[out.0].ty {
+                        ValueType::Quantized(GgmlType::Q8_K) => self.launch(
+                            &self.k.quantize_q8_k,
+                            (quantize_grid(r, c, 256), 1),
+                            256,
+                            &[
+                                ptr(x),
+                                ptr(out),
+                                I32(r as i32),
+                                I32(c as i32),
+                                U64(vals[out.0].row_bytes() as u64),
+                            ],
+                        )?,
                         ValueType::Quantized(t @ (GgmlType::Q8_0 | GgmlType::Q8_1)) => self
                             .launch(
                                 &self.k.quantize_q8,
-                                (blocks(r * c / 32, 8), 1),
+                                (quantize_grid(r, c, 32), 1),
                                 256,
                                 &[
                                     ptr(x),
@@ -522,23 +593,16 @@ impl CudaExecutor {
                 Op::MatMul { weight, x, out } => {
                     let w = model.weight(weight);
                     let r = rows(out);
-                    let which = match w.ty {
-                        GgmlType::Q4_0 => Some(0),
-                        GgmlType::Q4_1 => Some(1),
-                        GgmlType::Q8_0 => Some(2),
-                        _ => None,
-                    };
-                    let grid_x = blocks(w.n_rows, 4);
-                    match which {
+                    match quant_matmul_index(w.ty) {
                         Some(i) => {
-                            let (f, gy) = if r == 1 {
-                                (&self.k.mmv[i], 1)
+                            let f = if r == 1 {
+                                &self.k.mmv[i]
                             } else {
-                                (&self.k.mmm[i], blocks(r, 8))
+                                &self.k.mmm[i]
                             };
                             self.launch(
                                 f,
-                                (grid_x, gy),
+                                matmul_grid(w.n_rows, r, false),
                                 128,
                                 &[
                                     U64(self.wptr[weight.0]),
@@ -551,9 +615,15 @@ impl CudaExecutor {
                                 ],
                             )?
                         }
+                        None if !matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) => {
+                            return Err(format!(
+                                "cuda: no matmul kernel for weights of type {}; use --device cpu",
+                                w.ty
+                            ))
+                        }
                         None => self.launch(
                             &self.k.mm_float,
-                            (grid_x, r as u32),
+                            matmul_grid(w.n_rows, r, true),
                             128,
                             &[
                                 U64(self.wptr[weight.0]),

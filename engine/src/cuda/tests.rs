@@ -95,6 +95,217 @@ impl Rng {
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.f32() * scale).collect()
     }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|_| ((self.f32() + 1.0) * 127.99) as u8)
+            .collect()
+    }
+}
+
+/// The weight types the CPU has no quantizer for (llama-quantize makes them): their test
+/// blocks are random bytes with the f16 scale fields set to random values of a sane size.
+/// Returns the byte offsets of those f16 fields in one block and their magnitude (chosen so
+/// that dequantized values stay within about 0.3; ggml layouts, engine/src/cpu/q*.rs).
+fn random_block_fields(ty: GgmlType) -> Option<(&'static [usize], f32)> {
+    Some(match ty {
+        GgmlType::Q5_0 => (&[0], 0.3 / 16.0),
+        GgmlType::Q5_1 => (&[0, 2], 0.3 / 32.0),
+        GgmlType::IQ4_NL => (&[0], 0.3 / 127.0),
+        GgmlType::Q2_K => (&[80, 82], 0.3 / 45.0),
+        GgmlType::Q3_K => (&[108], 0.3 / 128.0),
+        GgmlType::Q4_K => (&[0, 2], 0.3 / (63.0 * 15.0)),
+        GgmlType::Q5_K => (&[0, 2], 0.3 / (63.0 * 31.0)),
+        GgmlType::Q6_K => (&[208], 0.3 / (128.0 * 32.0)),
+        GgmlType::IQ4_XS => (&[0], 0.3 / (32.0 * 127.0)),
+        _ => return None,
+    })
+}
+
+/// `rows` rows of `cols` weights of `ty`: the CPU's quantization of random values where it can
+/// quantize `ty`, else random blocks (every bit pattern of the quants and packed scales is a
+/// valid block; see [`random_block_fields`]).
+fn weights(ty: GgmlType, rows: usize, cols: usize, scale: f32, r: &mut Rng) -> Vec<u8> {
+    match random_block_fields(ty) {
+        None => quantized(ty, &r.vec(rows * cols, scale), rows),
+        Some((fields, mag)) => {
+            let bb = ty.block_bytes();
+            let n_blocks = rows * cols / ty.block_size();
+            let mut out = r.bytes(n_blocks * bb);
+            for blk in out.chunks_exact_mut(bb) {
+                for &off in fields {
+                    let v = r.f32() * mag * scale / 0.3;
+                    blk[off..off + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Runs engine/cuda/host_check.cu (built by build.rs) with `args` plus the given input files
+/// and returns the f32s it wrote, or `None` when it was not built or cannot run here.
+fn host_check(args: &[String], inputs: &[&[u8]]) -> Option<Vec<f32>> {
+    let exe = env!("EDGE_RUN_CUDA_HOST_CHECK");
+    if exe.is_empty() || !std::path::Path::new(exe).is_file() {
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "edge-run-host-check-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args);
+    for (i, data) in inputs.iter().enumerate() {
+        let f = dir.join(format!("in{i}"));
+        std::fs::write(&f, data).unwrap();
+        cmd.arg(f);
+    }
+    let out = dir.join("out");
+    cmd.arg(&out);
+    let status = cmd.output().expect("running host_check");
+    assert!(
+        status.status.success(),
+        "host_check {args:?}: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let bytes = std::fs::read(&out).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    )
+}
+
+/// The kernels' block decoders (`dequant`, used by `embed`) and block / chunk dot products
+/// (`BlockDot`, `load_chunk` + `chunk_dot`, used by the matmul kernels) compiled for the host by
+/// build.rs, against the CPU's dequantize_row (bit for bit) and vec_dot (reordering tolerance):
+/// every block layout checked without a GPU. Skips when host_check could not be built.
+#[test]
+fn block_math_matches_cpu_on_the_host() {
+    let mut r = Rng(11);
+    for ty in TINY_MODEL_TYPES {
+        let (n_rows, n_cols) = (3, if ty.block_size() == 256 { 512 } else { 160 });
+        let w = weights(ty, n_rows, n_cols, 1.0, &mut r);
+        let rb = w.len() / n_rows;
+        let args = [
+            "dequant".to_string(),
+            ty.id().to_string(),
+            n_rows.to_string(),
+            n_cols.to_string(),
+            rb.to_string(),
+        ];
+        let Some(got) = host_check(&args, &[&w]) else {
+            eprintln!("block_math_on_the_host: skipped: host_check was not built (see the build warnings)");
+            return;
+        };
+        let mut want = vec![0.0f32; n_rows * n_cols];
+        for row in 0..n_rows {
+            cpu::dequantize_row(
+                ty,
+                &w[row * rb..(row + 1) * rb],
+                &mut want[row * n_cols..(row + 1) * n_cols],
+            )
+            .unwrap();
+        }
+        for (i, (g, c)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                c.to_bits(),
+                "{ty} dequant element {i}: {g} vs {c}"
+            );
+        }
+    }
+    for &(ty, _) in &QUANT_MATMUL {
+        let n_cols = if ty.block_size() == 256 {
+            256 * 3
+        } else {
+            32 * 9
+        };
+        let (n_rows, n_tok) = (5, 3);
+        let w = weights(ty, n_rows, n_cols, 1.0, &mut r);
+        let xty = cpu::vec_dot_type(ty);
+        let x = quantized(xty, &r.vec(n_tok * n_cols, 2.0), n_tok);
+        let (wrb, xrb) = (w.len() / n_rows, x.len() / n_tok);
+        let args = [
+            "dot".to_string(),
+            ty.id().to_string(),
+            n_rows.to_string(),
+            n_cols.to_string(),
+            n_tok.to_string(),
+            wrb.to_string(),
+            xrb.to_string(),
+        ];
+        let got = host_check(&args, &[&w, &x]).expect("host_check ran for dequant");
+        for t in 0..n_tok {
+            let xr = &x[t * xrb..(t + 1) * xrb];
+            let mut xd = vec![0.0f32; n_cols];
+            cpu::dequantize_row(xty, xr, &mut xd).unwrap();
+            for row in 0..n_rows {
+                let wr = &w[row * wrb..(row + 1) * wrb];
+                let want = cpu::vec_dot(ty, n_cols, wr, xr);
+                let mut wd = vec![0.0f32; n_cols];
+                cpu::dequantize_row(ty, wr, &mut wd).unwrap();
+                let mag: f32 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum();
+                let gv = got[t * n_rows + row];
+                assert!(
+                    close(gv, want, mag),
+                    "{ty} token {t} row {row}: host-compiled kernel math {gv}, cpu {want}"
+                );
+            }
+        }
+    }
+}
+
+/// The pure launch arithmetic and kernel tables (no GPU needed).
+#[test]
+fn launch_dims_and_kernel_tables() {
+    // One warp per weight row, 4 rows per 128-thread block; decode: one token, one tile.
+    assert_eq!(matmul_grid(37, 1, false), (10, 1));
+    assert_eq!(matmul_grid(36, 1, false), (9, 1));
+    assert_eq!(matmul_grid(1, 1, false), (1, 1));
+    // Prefill: token tiles of 8 (the kernels' NT), the last one partial.
+    assert_eq!(matmul_grid(576, 8, false), (144, 1));
+    assert_eq!(matmul_grid(576, 9, false), (144, 2));
+    assert_eq!(matmul_grid(49152, 512, false), (12288, 64));
+    // mm_float: one token per block row.
+    assert_eq!(matmul_grid(37, 11, true), (10, 11));
+    // Quantizers: 8 warps per 256-thread block, one warp per activation block.
+    assert_eq!(quantize_grid(1, 576, 32), 3); // 18 blocks of 32
+    assert_eq!(quantize_grid(5, 224, 32), 5); // 35 blocks
+    assert_eq!(quantize_grid(1, 1536, 256), 1); // 6 blocks of 256
+    assert_eq!(quantize_grid(3, 2304, 256), 4); // 27 blocks
+                                                // Every weight type a CUDA session accepts has a matmul kernel (or is a float type), and the
+                                                // tables name distinct types and kernels.
+    for (i, &(ty, suffix)) in QUANT_MATMUL.iter().enumerate() {
+        assert_eq!(quant_matmul_index(ty), Some(i));
+        assert_eq!(suffix, ty.name(), "kernel names follow ggml's type names");
+    }
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_K] {
+        assert_eq!(quant_matmul_index(ty), None, "{ty}");
+    }
+    // The activation blocks the kernels read: 32-value blocks pair with q8_0 / q8_1 (34 / 36
+    // bytes), 256-value ones with Q8_K (292 bytes), as the CPU's vec_dot_type says.
+    for &(ty, _) in &QUANT_MATMUL {
+        let act = cpu::vec_dot_type(ty);
+        let want = if ty.block_size() == 256 {
+            GgmlType::Q8_K
+        } else if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            GgmlType::Q8_1
+        } else {
+            GgmlType::Q8_0
+        };
+        assert_eq!(act, want, "{ty}");
+    }
+    assert_eq!(GgmlType::Q8_K.block_bytes(), 292);
+    // The random-block fixture covers exactly the types the CPU cannot quantize.
+    for &(ty, _) in &QUANT_MATMUL {
+        let cpu_quantizes = cpu::quantize_row(ty, &[0.0; 256], &mut [0u8; 512]).is_ok();
+        assert_eq!(random_block_fields(ty).is_none(), cpu_quantizes, "{ty}");
+    }
 }
 
 fn quantized(ty: GgmlType, x: &[f32], rows: usize) -> Vec<u8> {
@@ -159,6 +370,37 @@ fn quantize_matches_cpu_bit_for_bit() {
             assert_eq!(got, want, "{ty} flavour {rounding:?}");
         }
     }
+    // Q8_K (the k-quants' activations): 3 rows of 3 blocks of 256, one of them all zeros,
+    // others with the largest magnitude twice (opposite signs, in the same lane and in lanes
+    // the reduction meets late): the first one sets the sign of the scale.
+    let (rows_k, cols_k) = (3, 256 * 3);
+    let mut xk = r.vec(rows_k * cols_k, 3.0);
+    for v in &mut xk[256..512] {
+        *v = 0.0;
+    }
+    xk[512 + 200] = -5.0;
+    xk[512 + 13] = 5.0; // first: lane 1
+    xk[768 + 10] = -6.0; // first, lane 1
+    xk[768 + 11] = 6.0;
+    xk[768 + 255] = 6.0;
+    xk[1536 + 250] = 4.0; // lane 31 before...
+    xk[1536 + 7] = -4.0; // ...lane 0: this one is first
+    let rb = GgmlType::Q8_K.row_bytes(cols_k as u64).unwrap() as usize;
+    let (dxk, out) = (g.buf(&xk), g.zeros(rows_k * rb));
+    g.run(
+        &g.k.quantize_q8_k,
+        (quantize_grid(rows_k, cols_k, 256), 1),
+        256,
+        &[
+            p(&dxk),
+            p(&out),
+            Arg::I32(rows_k as i32),
+            Arg::I32(cols_k as i32),
+            Arg::U64(rb as u64),
+        ],
+    );
+    let got: Vec<u8> = g.get(&out, rows_k * rb);
+    assert_eq!(got, quantized(GgmlType::Q8_K, &xk, rows_k), "q8_K");
     // Float activation types.
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
         let n = rows * cols;
@@ -218,8 +460,7 @@ fn rms_norm_matches_cpu_bit_for_bit() {
 fn embed_matches_cpu_dequantization() {
     let Some(g) = gpu("embed") else { return };
     let mut r = Rng(3);
-    let (n_rows, row_len) = (11, 32 * 5);
-    let table = r.vec(n_rows * row_len, 1.5);
+    let n_rows = 11;
     let tokens = [3u32, 0, 10, 3, 99 /* out of range: zero row */];
     let params = g.params(0, &tokens);
     for ty in [
@@ -229,8 +470,18 @@ fn embed_matches_cpu_dequantization() {
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::IQ4_NL,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
     ] {
-        let q = quantized(ty, &table, n_rows);
+        let row_len = if ty.block_size() == 256 { 512 } else { 32 * 5 };
+        let q = weights(ty, n_rows, row_len, 1.5, &mut r);
         let rb = q.len() / n_rows;
         let (dt, out) = (g.buf(&q), g.zeros(tokens.len() * row_len * 4));
         g.run(
@@ -272,23 +523,26 @@ fn close(a: f32, b: f32, mag: f32) -> bool {
 fn matmul_vec_and_batched_match_cpu_dots() {
     let Some(g) = gpu("matmul") else { return };
     let mut r = Rng(4);
-    let n_rows = 37; // not a multiple of the 4 rows per CUDA block
-    for n_cols in [32 * 9, 32 * 45] {
-        // fewer and more blocks than lanes
-        let w = r.vec(n_rows * n_cols, 1.0);
-        for n_tok in [1usize, 11] {
-            // decode kernel; batched kernel with a partial tile of 8
-            let x = r.vec(n_tok * n_cols, 2.0);
-            for wty in [
-                GgmlType::Q4_0,
-                GgmlType::Q4_1,
-                GgmlType::Q8_0,
-                GgmlType::F32,
-                GgmlType::F16,
-                GgmlType::BF16,
-            ] {
+    // Row counts: one, odd and not a multiple of the 4 rows per CUDA block, a multiple of 4.
+    // Columns: fewer and more blocks (32-value types) or chunks (k-quants: 8 per 256) than the
+    // 32 lanes of a warp. Tokens: the decode kernel; batched kernels with one full tile of 8 and
+    // a partial one.
+    let mut types: Vec<GgmlType> = QUANT_MATMUL.iter().map(|&(t, _)| t).collect();
+    types.extend([GgmlType::F32, GgmlType::F16, GgmlType::BF16]);
+    for wty in types {
+        let col_options = if wty.block_size() == 256 {
+            [256, 256 * 7]
+        } else {
+            [32 * 9, 32 * 45]
+        };
+        for (n_rows, n_cols) in [1, 37, 8]
+            .into_iter()
+            .flat_map(|n| col_options.map(|c| (n, c)))
+        {
+            let wq = weights(wty, n_rows, n_cols, 1.0, &mut r);
+            for n_tok in [1usize, 11] {
+                let x = r.vec(n_tok * n_cols, 2.0);
                 let xty = cpu::vec_dot_type(wty);
-                let wq = quantized(wty, &w, n_rows);
                 let xq = quantized(xty, &x, n_tok);
                 let (wrb, xrb) = (wq.len() / n_rows, xq.len() / n_tok);
                 let (dw, dx, out) = (g.buf(&wq), g.buf(&xq), g.zeros(n_tok * n_rows * 4));
@@ -301,23 +555,14 @@ fn matmul_vec_and_batched_match_cpu_dots() {
                     Arg::I32(n_tok as i32),
                     Arg::U64(xrb as u64),
                 ];
-                match wty {
-                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
-                        let i = match wty {
-                            GgmlType::Q4_0 => 0,
-                            GgmlType::Q4_1 => 1,
-                            _ => 2,
-                        };
-                        let (f, gy) = if n_tok == 1 {
-                            (&g.k.mmv[i], 1)
-                        } else {
-                            (&g.k.mmm[i], n_tok.div_ceil(8) as u32)
-                        };
-                        g.run(f, (n_rows.div_ceil(4) as u32, gy), 128, &common);
+                match quant_matmul_index(wty) {
+                    Some(i) => {
+                        let f = if n_tok == 1 { &g.k.mmv[i] } else { &g.k.mmm[i] };
+                        g.run(f, matmul_grid(n_rows, n_tok, false), 128, &common);
                     }
-                    _ => g.run(
+                    None => g.run(
                         &g.k.mm_float,
-                        (n_rows.div_ceil(4) as u32, n_tok as u32),
+                        matmul_grid(n_rows, n_tok, true),
                         128,
                         &[
                             p(&dw),
@@ -345,7 +590,7 @@ fn matmul_vec_and_batched_match_cpu_dots() {
                         let gv = got[t * n_rows + row];
                         assert!(
                             close(gv, want, mag),
-                            "{wty} {n_cols} cols, token {t} row {row}: gpu {gv} cpu {want}"
+                            "{wty} {n_rows}x{n_cols}, token {t} of {n_tok}, row {row}: gpu {gv} cpu {want}"
                         );
                     }
                 }
@@ -658,11 +903,13 @@ fn argmax_matches_cpu_including_ties() {
     }
 }
 
-/// A tiny Llama (2 layers, 128 wide, 4 heads of 32, 2 KV heads, separate output head) whose
-/// matrices are `ty`, with a byte-level GPT-2 vocabulary of 258 tokens.
+/// A tiny Llama (2 layers, 4 heads, 2 KV heads, separate output head) whose matrices are `ty`,
+/// with a byte-level GPT-2 vocabulary of 258 tokens: 128 wide (heads of 32) for 32-value block
+/// types, 256 wide (heads of 64) for the 256-value k-quant blocks.
 fn tiny_model(ty: GgmlType) -> crate::model::Model {
     use crate::gguf::{Gguf, GgufWriter, MetaValue};
-    let (d, ff, n_vocab, kv) = (128u64, 256u64, 258u64, 64u64);
+    let d = if ty.block_size() == 256 { 256u64 } else { 128 };
+    let (ff, n_vocab, kv) = (256u64, 258u64, d / 2);
     let mut tokens: Vec<String> = Vec::new();
     let mut n = 0u32;
     for b in 0..256u32 {
@@ -702,8 +949,8 @@ fn tiny_model(ty: GgmlType) -> crate::model::Model {
         .add_u32("tokenizer.ggml.eos_token_id", 257);
     let mut r = Rng(42);
     let mut matrix = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64| {
-        let x = r.vec((cols * rows) as usize, 0.3);
-        w.add_tensor(name, &[cols, rows], ty, quantized(ty, &x, rows as usize));
+        let data = weights(ty, rows as usize, cols as usize, 0.3, &mut r);
+        w.add_tensor(name, &[cols, rows], ty, data);
     };
     let ones = |n: u64| {
         (0..n)
@@ -738,6 +985,24 @@ fn tiny_model(ty: GgmlType) -> crate::model::Model {
     crate::model::Model::from_gguf(g).expect("tiny model")
 }
 
+/// The weight types of the tiny whole-session models: every type with CUDA kernels.
+const TINY_MODEL_TYPES: [GgmlType; 14] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
+
 /// Whole sessions, CPU against CUDA, on tiny models of every supported weight type: prefill
 /// (one chunk and chunks of 4), then decode steps (the replayed CUDA graph). The CPU runs its
 /// tiled attention (`flash_attn`), the GPU's math: f32 query and probabilities, online softmax
@@ -755,13 +1020,7 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
     use crate::session::{Session, SessionConfig};
     let prompt: Vec<u32> = vec![72, 101, 108, 108, 111, 32, 119, 111, 114];
     let failures = std::cell::RefCell::new(Vec::new());
-    for ty in [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-    ] {
+    for ty in TINY_MODEL_TYPES {
         let model = Arc::new(tiny_model(ty));
         for ubatch in [None, Some(4)] {
             let cfg = |device| SessionConfig {
@@ -821,13 +1080,7 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
 #[test]
 fn tiny_models_run_on_the_cpu() {
     use crate::session::{Session, SessionConfig};
-    for ty in [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-    ] {
+    for ty in TINY_MODEL_TYPES {
         let model = Arc::new(tiny_model(ty));
         let cfg = SessionConfig {
             ctx: Some(32),
