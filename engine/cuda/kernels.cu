@@ -62,8 +62,10 @@
 #endif
 __device__ __constant__ int8_t kvalues_iq4nl_dev[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                          1,    13,   25,  38,  53,  69,  89,  113};
+#ifndef __CUDA_ARCH__
 static const int8_t kvalues_iq4nl_host[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                               1,    13,   25,  38,  53,  69,  89,  113};
+#endif
 
 // The device parameter block. Mirrors `cuda::PARAMS_*` in engine/src/cuda/mod.rs.
 struct Params {
@@ -1108,4 +1110,131 @@ extern "C" __global__ void argmax_f32(const float* x, int n, Params* params) {
         __syncthreads();
     }
     if (threadIdx.x == 0) params->argmax = bi[0] == 0x7fffffff ? 0 : bi[0];
+}
+
+// ---- sampling ---------------------------------------------------------------------------------------
+
+#define SAMPLE_MAX_K 1024 // mirrors cuda::SAMPLE_MAX_TOP_K
+
+// The CPU sampler's sanitize (engine/src/sampling.rs): NaN -> -inf, +inf -> FLT_MAX.
+__device__ __forceinline__ float sample_sanitize(float x) {
+    if (isnan(x)) return -INFINITY;
+    if (x == INFINITY) return 3.40282346638528859812e+38f;
+    return x;
+}
+// An int whose signed order is f32::total_cmp's order of x (Rust's own construction).
+__device__ __forceinline__ int total_order_key(float x) {
+    int b = __float_as_int(x);
+    return b ^ (int)(((unsigned)(b >> 31)) >> 1);
+}
+// f32 exp as close to correctly rounded as a double exp makes it (the CPU uses libm's expf,
+// itself within 0.502 ulp): the two differ, if ever, by one ulp, which can change a draw only
+// when it falls within that rounding of a cumulative-probability boundary.
+__device__ __forceinline__ float exp_f32(float x) { return (float)exp((double)x); }
+
+// The CPU sampler's temperature path (Sampler::truncate then Sampler::draw, same arithmetic
+// and order) on device logits, for one sequence: top-k by (logit descending, id ascending,
+// f32::total_cmp) as k rounds of a block-wide maximum over the candidates after the previous
+// winner in that order (so no marking, and the k candidates come out sorted); then one thread
+// does the rest exactly as the CPU: -inf cut, top-p (f32 probabilities, f64 sums), min-p
+// (logit >= max + ln_min_p), the softmax at `temp` and the draw r = uniform * sum.
+// out[0] = token, out[1] = 1 if the draw was used (0: every candidate was -inf, token 0).
+// k: 1..=min(n, SAMPLE_MAX_K) (the host checks). grid: 1; block: 1024 (a power of two).
+extern "C" __global__ void sample_top_k(const float* logits, int n, int k, float temp, int use_top_p, float top_p,
+                                        int use_min_p, float ln_min_p, double uniform, int* out) {
+    __shared__ float cand_logit[SAMPLE_MAX_K];
+    __shared__ int cand_id[SAMPLE_MAX_K];
+    __shared__ int red_key[1024];
+    __shared__ int red_id[1024];
+    int tid = threadIdx.x;
+    int prev_key = 0, prev_id = -1;
+    int n_cand = 0;
+    for (int j = 0; j < k; j++) {
+        int best_key = 0, best_id = -1; // -1: none yet
+        for (int i = tid; i < n; i += blockDim.x) {
+            int key = total_order_key(sample_sanitize(logits[i]));
+            bool after_prev = j == 0 || key < prev_key || (key == prev_key && i > prev_id);
+            // i ascends within a thread: strict > keeps the lowest id of equal keys.
+            if (after_prev && (best_id < 0 || key > best_key)) {
+                best_key = key;
+                best_id = i;
+            }
+        }
+        red_key[tid] = best_key;
+        red_id[tid] = best_id;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (tid < s) {
+                int ok = red_key[tid + s], oi = red_id[tid + s];
+                if (oi >= 0 && (red_id[tid] < 0 || ok > red_key[tid] || (ok == red_key[tid] && oi < red_id[tid]))) {
+                    red_key[tid] = ok;
+                    red_id[tid] = oi;
+                }
+            }
+            __syncthreads();
+        }
+        prev_key = red_key[0];
+        prev_id = red_id[0];
+        __syncthreads(); // every thread has read the winner before round j+1 overwrites red_*
+        if (prev_id < 0) break; // fewer than k logits (the host never asks for that)
+        if (tid == 0) {
+            cand_id[j] = prev_id;
+            cand_logit[j] = sample_sanitize(logits[prev_id]);
+        }
+        n_cand = j + 1;
+    }
+    __syncthreads(); // cand_* complete for thread 0
+    if (tid != 0) return;
+    out[0] = 0;
+    out[1] = 0;
+    // -inf candidates can never be drawn.
+    int kept = n_cand;
+    for (int i = 0; i < n_cand; i++) {
+        if (cand_logit[i] == -INFINITY) {
+            kept = i;
+            break;
+        }
+    }
+    if (kept == 0) return;
+    float mx = cand_logit[0];
+    if (use_top_p) {
+        double sum = 0.0;
+        for (int i = 0; i < kept; i++) sum = __dadd_rn(sum, (double)exp_f32(__fsub_rn(cand_logit[i], mx)));
+        double cum = 0.0;
+        for (int i = 0; i < kept; i++) {
+            cum = __dadd_rn(cum, __ddiv_rn((double)exp_f32(__fsub_rn(cand_logit[i], mx)), sum));
+            if (cum >= (double)top_p) {
+                kept = i + 1;
+                break;
+            }
+        }
+    }
+    if (use_min_p) {
+        float min_logit = __fadd_rn(mx, ln_min_p);
+        int pos = kept;
+        for (int i = 0; i < kept; i++) {
+            if (cand_logit[i] < min_logit) {
+                pos = i;
+                break;
+            }
+        }
+        kept = pos > 1 ? pos : 1;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < kept; i++) sum = __dadd_rn(sum, (double)exp_f32(__fdiv_rn(__fsub_rn(cand_logit[i], mx), temp)));
+    double r = __dmul_rn(uniform, sum);
+    double cum = 0.0;
+    int last_nonzero = 0;
+    out[1] = 1;
+    for (int i = 0; i < kept; i++) {
+        float p = exp_f32(__fdiv_rn(__fsub_rn(cand_logit[i], mx), temp));
+        cum = __dadd_rn(cum, (double)p);
+        if (r < cum) {
+            out[0] = cand_id[i];
+            return;
+        }
+        if (p > 0.0f) last_nonzero = i;
+    }
+    // Rounding: the last candidate with non-zero weight, as the CPU.
+    out[0] = cand_id[last_nonzero];
 }

@@ -685,6 +685,36 @@ impl Session {
         }
     }
 
+    /// The next token from the last run's logits with `sampler`: the token
+    /// `sampler.sample(self.logits())` gives, with the sampler's generator advanced the same way.
+    /// On a GPU the logits stay there when the sampler allows it
+    /// ([`crate::sampling::Sampler::device_sampling`]: no active repetition penalty, top-k at
+    /// most [`crate::cuda::SAMPLE_MAX_TOP_K`]): greedy settings use the device argmax, others the
+    /// device sampler (same arithmetic as the CPU's, fed the CPU generator's uniform draw), and
+    /// only the token id is copied back. Otherwise, and on the CPU, the logits are sampled here.
+    pub fn sample(&mut self, sampler: &mut crate::sampling::Sampler) -> Result<u32> {
+        if !self.has_logits {
+            return Err(EngineError::InvalidArgument(
+                "no logits yet: process some tokens first".into(),
+            ));
+        }
+        #[cfg(feature = "cuda")]
+        if let Backend::Cuda(c) = &self.backend {
+            let len = c.logits_len();
+            if let Some(ds) =
+                sampler.device_sampling(len, crate::cuda::SAMPLE_MAX_TOP_K.min(len.max(1)))
+            {
+                if ds.n == len && len > 0 {
+                    return sampler
+                        .sample_with_draw(|u| c.sample(&ds, u))
+                        .map_err(EngineError::Device);
+                }
+            }
+        }
+        let logits = self.try_logits()?;
+        Ok(sampler.sample(logits))
+    }
+
     /// Logits of the last processed position (empty before any run, or if copying them from
     /// the device failed; [`Session::prefill`] and [`Session::step`] report such errors).
     pub fn logits(&self) -> &[f32] {

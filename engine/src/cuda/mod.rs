@@ -156,6 +156,7 @@ struct Kernels {
     swiglu: CudaFunction,
     copy_row: CudaFunction,
     argmax: CudaFunction,
+    sample_top_k: CudaFunction,
 }
 
 impl Kernels {
@@ -187,6 +188,7 @@ impl Kernels {
             swiglu: f("swiglu_f32")?,
             copy_row: f("copy_row")?,
             argmax: f("argmax_f32")?,
+            sample_top_k: f("sample_top_k")?,
         })
     }
 }
@@ -248,7 +250,12 @@ enum Arg {
     I32(i32),
     F32(f32),
     I64(i64),
+    F64(f64),
 }
+
+/// The largest top-k the device sampler takes (`SAMPLE_MAX_K` in kernels.cu: its candidate
+/// arrays live in shared memory); a larger one (or top-k off) samples on the host.
+pub const SAMPLE_MAX_TOP_K: usize = 1024;
 
 /// Index of the argmax result in the parameter block (i32 words). Mirrors `Params` in
 /// kernels.cu: [pos0, n_tokens, argmax, pad, tokens...].
@@ -264,6 +271,8 @@ pub struct CudaExecutor {
     kv: DeviceAlloc,
     partial: DeviceAlloc,
     params: DeviceAlloc,
+    /// The device sampler's result: token id and whether it used the random draw (2 i32s).
+    sample_out: DeviceAlloc,
     _weights: WeightsMem,
     /// Device address of each weight (indexed like `Model::weights`).
     wptr: Vec<u64>,
@@ -347,6 +356,7 @@ impl CudaExecutor {
             false,
         )?;
         let params = DeviceAlloc::new(&ctx, device::params_bytes(ubatch), false)?;
+        let sample_out = DeviceAlloc::new(&ctx, 8, false)?;
         let kernels = crate::cpu::Kernels::detect();
         let q8_flavour = match kernels.q8_rounding() {
             crate::cpu::Q8Rounding::GgmlRef => 0,
@@ -366,6 +376,7 @@ impl CudaExecutor {
             kv,
             partial,
             params,
+            sample_out,
             _weights: weights_mem,
             wptr,
             host_params: vec![0; PARAM_TOKENS + ubatch],
@@ -770,6 +781,65 @@ impl CudaExecutor {
         Ok(v[0].max(0) as u32)
     }
 
+    /// Samples the last run's logits on the device as the CPU's `Sampler::sample` would with
+    /// settings `ds` and the uniform draw `uniform` (see [`crate::sampling::DeviceSampling`]);
+    /// copies back the token id and whether the draw was used, never the logits. Greedy
+    /// settings use the run's device argmax. `Err` names why (a top-k the kernel cannot take,
+    /// fewer logits than `ds.n`, a driver error).
+    pub fn sample(
+        &self,
+        ds: &crate::sampling::DeviceSampling,
+        uniform: f64,
+    ) -> Result<(u32, bool), String> {
+        let (src, len) = self.logits_src;
+        if ds.n != len {
+            return Err(format!(
+                "cuda sampler: {} of {len} logits asked for; sample on the host",
+                ds.n
+            ));
+        }
+        if ds.greedy {
+            return Ok((self.argmax()?, false));
+        }
+        if ds.top_k == 0 || ds.top_k > SAMPLE_MAX_TOP_K.min(len) {
+            return Err(format!(
+                "cuda sampler: top-k {} outside 1..={}; sample on the host",
+                ds.top_k,
+                SAMPLE_MAX_TOP_K.min(len)
+            ));
+        }
+        self.ctx.bind_to_thread().map_err(drv("bind"))?;
+        launch(
+            &self.stream,
+            &self.k.sample_top_k,
+            (1, 1),
+            1024,
+            &[
+                Arg::U64(src),
+                Arg::I32(len as i32),
+                Arg::I32(ds.top_k as i32),
+                Arg::F32(ds.temperature),
+                Arg::I32(i32::from(ds.top_p.is_some())),
+                Arg::F32(ds.top_p.unwrap_or(1.0)),
+                Arg::I32(i32::from(ds.ln_min_p.is_some())),
+                Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
+                Arg::F64(uniform),
+                Arg::U64(self.sample_out.ptr),
+            ],
+        )?;
+        let mut v = [0i32; 2];
+        // SAFETY: sample_out holds 2 i32s; the stream is synchronized before `v` is read.
+        unsafe { result::memcpy_dtoh_async(&mut v, self.sample_out.ptr, self.stream.cu_stream()) }
+            .map_err(drv("copy sample"))?;
+        self.stream.synchronize().map_err(drv("sample"))?;
+        Ok((v[0].max(0) as u32, v[1] != 0))
+    }
+
+    /// Number of logits of the last run (0 before any run).
+    pub fn logits_len(&self) -> usize {
+        self.logits_src.1
+    }
+
     /// The last run's logits, copied to the host on the first call after a run.
     pub fn logits(&self) -> Result<&[f32], String> {
         if let Some(v) = self.logits.get() {
@@ -831,6 +901,7 @@ fn launch(
             Arg::I32(x) => b.arg(x),
             Arg::F32(x) => b.arg(x),
             Arg::I64(x) => b.arg(x),
+            Arg::F64(x) => b.arg(x),
         };
     }
     // SAFETY: every call site passes exactly the kernel's parameters, in order and with its C

@@ -903,6 +903,142 @@ fn argmax_matches_cpu_including_ties() {
     }
 }
 
+/// Sampler settings for the sampling tests: llama.cpp's defaults, each stage alone, all
+/// stages strict, a hot temperature, top-k 1, the device's largest top-k, greedy.
+fn sampler_settings() -> Vec<crate::sampling::SamplerConfig> {
+    use crate::sampling::SamplerConfig;
+    let base = SamplerConfig {
+        temperature: 1.0,
+        top_k: 1024,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..Default::default()
+    };
+    vec![
+        SamplerConfig::default(),
+        SamplerConfig {
+            top_k: 7,
+            ..base.clone()
+        },
+        SamplerConfig {
+            top_k: 300,
+            top_p: 0.5,
+            ..base.clone()
+        },
+        SamplerConfig {
+            top_k: 300,
+            min_p: 0.2,
+            ..base.clone()
+        },
+        SamplerConfig {
+            temperature: 0.3,
+            top_k: 20,
+            top_p: 0.8,
+            min_p: 0.1,
+            ..base.clone()
+        },
+        SamplerConfig {
+            temperature: 3.0,
+            top_k: 100,
+            top_p: 0.99,
+            ..base.clone()
+        },
+        SamplerConfig {
+            top_k: 1,
+            ..base.clone()
+        },
+        base.clone(),
+        SamplerConfig {
+            temperature: 0.0,
+            ..base
+        },
+    ]
+}
+
+/// The device sampler (`sample_top_k`) against the CPU's `Sampler::sample` on random logit
+/// vectors (a small and a SmolLM2-sized vocabulary; with ties, NaN, +-inf; all -inf), for
+/// every setting of [`sampler_settings`] and 30 seeds: the same token, and the generators
+/// advanced alike (a second sample with both samplers agrees too). The device's f32 exp is
+/// `exp` in f64 rounded, the CPU's libm expf: they could differ by one ulp, which could change
+/// a draw only within that rounding of a cumulative boundary (odds of about 1e-7 per draw).
+#[test]
+fn device_sampler_matches_cpu_sampler() {
+    let Some(g) = gpu("sampler") else { return };
+    use crate::sampling::Sampler;
+    let mut r = Rng(21);
+    let mut cases: Vec<Vec<f32>> = Vec::new();
+    for n in [1000usize, 49152] {
+        cases.push(r.vec(n, 8.0));
+    }
+    let mut special = r.vec(1000, 4.0);
+    for i in (0..1000).step_by(7) {
+        special[i] = special[3]; // ties: the lower id first
+    }
+    special[10] = f32::NAN;
+    special[11] = f32::INFINITY;
+    special[12] = f32::NEG_INFINITY;
+    cases.push(special);
+    let mut few = vec![f32::NEG_INFINITY; 1000];
+    few[500] = 1.0;
+    few[20] = 0.5; // only two candidates survive the -inf cut
+    cases.push(few);
+    cases.push(vec![f32::NEG_INFINITY; 1000]); // nothing to draw: token 0, no draw
+    let out = g.zeros(8);
+    let (mut n_checked, mut n_device) = (0, 0);
+    for (ci, logits) in cases.iter().enumerate() {
+        let dl = g.buf(logits);
+        for cfg in sampler_settings() {
+            for seed in 0..30u64 {
+                let cfg = crate::sampling::SamplerConfig {
+                    seed,
+                    ..cfg.clone()
+                };
+                let n = logits.len();
+                let mut cpu_s = Sampler::new(cfg.clone(), n);
+                let mut gpu_s = Sampler::new(cfg.clone(), n);
+                for round in 0..2 {
+                    let want = cpu_s.sample(logits);
+                    let ds = gpu_s.device_sampling(n, SAMPLE_MAX_TOP_K).unwrap();
+                    let got = if ds.greedy {
+                        crate::sampling::argmax(logits) // the device argmax has its own test
+                    } else {
+                        n_device += 1;
+                        gpu_s
+                            .sample_with_draw(|u| {
+                                g.run(
+                                    &g.k.sample_top_k,
+                                    (1, 1),
+                                    1024,
+                                    &[
+                                        p(&dl),
+                                        Arg::I32(n as i32),
+                                        Arg::I32(ds.top_k as i32),
+                                        Arg::F32(ds.temperature),
+                                        Arg::I32(i32::from(ds.top_p.is_some())),
+                                        Arg::F32(ds.top_p.unwrap_or(1.0)),
+                                        Arg::I32(i32::from(ds.ln_min_p.is_some())),
+                                        Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
+                                        Arg::F64(u),
+                                        p(&out),
+                                    ],
+                                );
+                                let v: Vec<i32> = g.get(&out, 2);
+                                Ok::<_, ()>((v[0] as u32, v[1] != 0))
+                            })
+                            .unwrap()
+                    };
+                    assert_eq!(
+                        got, want,
+                        "case {ci} (n {n}), {cfg:?}, sample {round}: gpu {got} cpu {want}"
+                    );
+                    n_checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("sampler: {n_checked} samples identical ({n_device} drawn on the device)");
+}
+
 /// A tiny Llama (2 layers, 4 heads, 2 KV heads, separate output head) whose matrices are `ty`,
 /// with a byte-level GPT-2 vocabulary of 258 tokens: 128 wide (heads of 32) for 32-value block
 /// types, 256 wide (heads of 64) for the 256-value k-quant blocks.
@@ -1094,5 +1230,53 @@ fn tiny_models_run_on_the_cpu() {
         let spread = logits.iter().fold(f32::MIN, |m, &x| m.max(x))
             - logits.iter().fold(f32::MAX, |m, &x| m.min(x));
         assert!(spread > 0.1, "{ty}: flat logits {spread}");
+    }
+}
+
+/// `Session::sample` on a CUDA session (logits left on the device) gives the token the CPU
+/// sampler gives for the same session's logits copied to the host, for every setting of
+/// [`sampler_settings`] plus two that sample on the host (top-k off; a repetition penalty with
+/// history), over decode steps, with generators advancing alike.
+#[test]
+fn session_sample_on_the_device_matches_the_cpu_sampler() {
+    if gpu("session_sample").is_none() {
+        return;
+    }
+    use crate::sampling::{Sampler, SamplerConfig};
+    use crate::session::{Session, SessionConfig};
+    let model = Arc::new(tiny_model(GgmlType::Q8_0));
+    let cfg = SessionConfig {
+        ctx: Some(64),
+        threads: Some(1),
+        device: crate::device::Device::Cuda(0),
+        ..Default::default()
+    };
+    let mut settings = sampler_settings();
+    settings.push(SamplerConfig {
+        top_k: 0,
+        ..Default::default()
+    });
+    settings.push(SamplerConfig {
+        repeat_penalty: 1.3,
+        ..Default::default()
+    });
+    let n_vocab = model.params.n_vocab;
+    for sc in settings {
+        let mut s = Session::new(model.clone(), &cfg).unwrap();
+        for seed in [1u64, 2, 3] {
+            let sc = SamplerConfig { seed, ..sc.clone() };
+            let mut cpu_s = Sampler::new(sc.clone(), n_vocab);
+            let mut gpu_s = Sampler::new(sc.clone(), n_vocab);
+            s.reset();
+            s.advance(&[72, 101, 108, 108]).unwrap();
+            for step in 0..8 {
+                let got = s.sample(&mut gpu_s).unwrap();
+                let want = cpu_s.sample(s.logits());
+                assert_eq!(got, want, "{sc:?} step {step}");
+                cpu_s.accept(want);
+                gpu_s.accept(got);
+                s.advance(&[got]).unwrap();
+            }
+        }
     }
 }
