@@ -9,10 +9,14 @@
 //   host_check dot TYPE N_ROWS N_COLS N_TOK W_ROW_BYTES X_ROW_BYTES W_FILE X_FILE OUT_FILE
 //       OUT = f32 [N_TOK][N_ROWS]: the sum of the block (or chunk) terms of row r with token t,
 //       added in block order (the kernels add them in lane order, then across lanes)
+//   host_check sample N K TEMP USE_TOP_P TOP_P USE_MIN_P LN_MIN_P UNIFORM LOGITS_FILE OUT_FILE
+//       OUT = f32 [token, drew]: sample_top_k's result, its top-k done here by a sort in the
+//       same order (the kernel's block-wide rounds cannot run on the host)
 #include "kernels.cu"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <algorithm>
 #include <vector>
 
 static std::vector<uint8_t> read_file(const char* path) {
@@ -101,6 +105,34 @@ int main(int argc, char** argv) {
             for (int r = 0; r < n_rows; r++)
                 out[(size_t)t * n_rows + r] = row_dot(type, w.data() + r * wrb, x.data() + t * xrb, n_cols);
         write_file(argv[10], out);
+        return 0;
+    }
+    if (argc == 12 && !strcmp(argv[1], "sample")) {
+        int n = atoi(argv[2]), k = atoi(argv[3]);
+        float temp = strtof(argv[4], 0), top_p = strtof(argv[6], 0), ln_min_p = strtof(argv[8], 0);
+        int use_top_p = atoi(argv[5]), use_min_p = atoi(argv[7]);
+        double uniform = strtod(argv[9], 0);
+        std::vector<uint8_t> raw = read_file(argv[10]);
+        std::vector<std::pair<int, int>> order; // (key, id)
+        for (int i = 0; i < n; i++) {
+            float l;
+            memcpy(&l, raw.data() + 4 * (size_t)i, 4);
+            order.push_back(std::make_pair(total_order_key(sample_sanitize(l)), i));
+        }
+        std::sort(order.begin(), order.end(), [](const std::pair<int, int>& a, const std::pair<int, int>& b) {
+            return a.first != b.first ? a.first > b.first : a.second < b.second;
+        });
+        std::vector<float> cl(k);
+        std::vector<int> cid(k);
+        for (int j = 0; j < k; j++) {
+            cid[j] = order[j].second;
+            float l;
+            memcpy(&l, raw.data() + 4 * (size_t)cid[j], 4);
+            cl[j] = sample_sanitize(l);
+        }
+        int token = 0;
+        int drew = sample_sorted(cl.data(), cid.data(), k, temp, use_top_p, top_p, use_min_p, ln_min_p, uniform, &token);
+        write_file(argv[11], std::vector<float>{(float)token, (float)drew});
         return 0;
     }
     fprintf(stderr, "usage: host_check dequant TYPE N_ROWS N_COLS ROW_BYTES W OUT | dot TYPE N_ROWS N_COLS N_TOK "

@@ -103,6 +103,34 @@ HD float fsub_rn(float a, float b) {
     return a - b;
 #endif
 }
+HD float fdiv_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+HD double dadd_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+HD double ddiv_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __ddiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+HD double dmul_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
 HD float int_as_float(int x) {
 #ifdef __CUDA_ARCH__
     return __int_as_float(x);
@@ -1117,20 +1145,82 @@ extern "C" __global__ void argmax_f32(const float* x, int n, Params* params) {
 #define SAMPLE_MAX_K 1024 // mirrors cuda::SAMPLE_MAX_TOP_K
 
 // The CPU sampler's sanitize (engine/src/sampling.rs): NaN -> -inf, +inf -> FLT_MAX.
-__device__ __forceinline__ float sample_sanitize(float x) {
+HD float sample_sanitize(float x) {
     if (isnan(x)) return -INFINITY;
     if (x == INFINITY) return 3.40282346638528859812e+38f;
     return x;
 }
 // An int whose signed order is f32::total_cmp's order of x (Rust's own construction).
-__device__ __forceinline__ int total_order_key(float x) {
-    int b = __float_as_int(x);
+HD int total_order_key(float x) {
+    int b;
+    memcpy(&b, &x, 4);
     return b ^ (int)(((unsigned)(b >> 31)) >> 1);
 }
 // f32 exp as close to correctly rounded as a double exp makes it (the CPU uses libm's expf,
 // itself within 0.502 ulp): the two differ, if ever, by one ulp, which can change a draw only
 // when it falls within that rounding of a cumulative-probability boundary.
-__device__ __forceinline__ float exp_f32(float x) { return (float)exp((double)x); }
+HD float exp_f32(float x) { return (float)exp((double)x); }
+
+// The CPU sampler's Sampler::truncate (after top-k) and Sampler::draw, step for step, on the
+// top-k candidates sorted by (logit descending, id ascending): -inf cut, top-p (f32
+// probabilities, f64 sums), min-p (logit >= max + ln_min_p), softmax at `temp`, the draw
+// r = uniform * sum. Writes the token to *token and returns 1 if the draw was used, 0 if every
+// candidate was -inf (token 0, as the CPU, which then draws nothing). HD: host_check.cu runs it
+// against the CPU sampler.
+HD int sample_sorted(const float* cand_logit, const int* cand_id, int n_cand, float temp, int use_top_p, float top_p,
+                     int use_min_p, float ln_min_p, double uniform, int* token) {
+    *token = 0;
+    // -inf candidates can never be drawn.
+    int kept = n_cand;
+    for (int i = 0; i < n_cand; i++) {
+        if (cand_logit[i] == -INFINITY) {
+            kept = i;
+            break;
+        }
+    }
+    if (kept == 0) return 0;
+    float mx = cand_logit[0];
+    if (use_top_p) {
+        double sum = 0.0;
+        for (int i = 0; i < kept; i++) sum = dadd_rn(sum, (double)exp_f32(fsub_rn(cand_logit[i], mx)));
+        double cum = 0.0;
+        for (int i = 0; i < kept; i++) {
+            cum = dadd_rn(cum, ddiv_rn((double)exp_f32(fsub_rn(cand_logit[i], mx)), sum));
+            if (cum >= (double)top_p) {
+                kept = i + 1;
+                break;
+            }
+        }
+    }
+    if (use_min_p) {
+        float min_logit = fadd_rn(mx, ln_min_p);
+        int pos = kept;
+        for (int i = 0; i < kept; i++) {
+            if (cand_logit[i] < min_logit) {
+                pos = i;
+                break;
+            }
+        }
+        kept = pos > 1 ? pos : 1;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < kept; i++) sum = dadd_rn(sum, (double)exp_f32(fdiv_rn(fsub_rn(cand_logit[i], mx), temp)));
+    double r = dmul_rn(uniform, sum);
+    double cum = 0.0;
+    int last_nonzero = 0;
+    for (int i = 0; i < kept; i++) {
+        float p = exp_f32(fdiv_rn(fsub_rn(cand_logit[i], mx), temp));
+        cum = dadd_rn(cum, (double)p);
+        if (r < cum) {
+            *token = cand_id[i];
+            return 1;
+        }
+        if (p > 0.0f) last_nonzero = i;
+    }
+    // Rounding: the last candidate with non-zero weight, as the CPU.
+    *token = cand_id[last_nonzero];
+    return 1;
+}
 
 // The CPU sampler's temperature path (Sampler::truncate then Sampler::draw, same arithmetic
 // and order) on device logits, for one sequence: top-k by (logit descending, id ascending,
@@ -1185,56 +1275,6 @@ extern "C" __global__ void sample_top_k(const float* logits, int n, int k, float
     }
     __syncthreads(); // cand_* complete for thread 0
     if (tid != 0) return;
-    out[0] = 0;
-    out[1] = 0;
-    // -inf candidates can never be drawn.
-    int kept = n_cand;
-    for (int i = 0; i < n_cand; i++) {
-        if (cand_logit[i] == -INFINITY) {
-            kept = i;
-            break;
-        }
-    }
-    if (kept == 0) return;
-    float mx = cand_logit[0];
-    if (use_top_p) {
-        double sum = 0.0;
-        for (int i = 0; i < kept; i++) sum = __dadd_rn(sum, (double)exp_f32(__fsub_rn(cand_logit[i], mx)));
-        double cum = 0.0;
-        for (int i = 0; i < kept; i++) {
-            cum = __dadd_rn(cum, __ddiv_rn((double)exp_f32(__fsub_rn(cand_logit[i], mx)), sum));
-            if (cum >= (double)top_p) {
-                kept = i + 1;
-                break;
-            }
-        }
-    }
-    if (use_min_p) {
-        float min_logit = __fadd_rn(mx, ln_min_p);
-        int pos = kept;
-        for (int i = 0; i < kept; i++) {
-            if (cand_logit[i] < min_logit) {
-                pos = i;
-                break;
-            }
-        }
-        kept = pos > 1 ? pos : 1;
-    }
-    double sum = 0.0;
-    for (int i = 0; i < kept; i++) sum = __dadd_rn(sum, (double)exp_f32(__fdiv_rn(__fsub_rn(cand_logit[i], mx), temp)));
-    double r = __dmul_rn(uniform, sum);
-    double cum = 0.0;
-    int last_nonzero = 0;
-    out[1] = 1;
-    for (int i = 0; i < kept; i++) {
-        float p = exp_f32(__fdiv_rn(__fsub_rn(cand_logit[i], mx), temp));
-        cum = __dadd_rn(cum, (double)p);
-        if (r < cum) {
-            out[0] = cand_id[i];
-            return;
-        }
-        if (p > 0.0f) last_nonzero = i;
-    }
-    // Rounding: the last candidate with non-zero weight, as the CPU.
-    out[0] = cand_id[last_nonzero];
+    out[1] = sample_sorted(cand_logit, cand_id, n_cand, temp, use_top_p, top_p, use_min_p, ln_min_p, uniform,
+                           &out[0]);
 }

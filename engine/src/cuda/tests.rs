@@ -1233,6 +1233,80 @@ fn tiny_models_run_on_the_cpu() {
     }
 }
 
+/// The device sampler's arithmetic after top-k (`sample_sorted`, compiled for the host by
+/// build.rs, its top-k done by a sort in the kernel's order) against the CPU's
+/// `Sampler::sample`, on the logit vectors and settings of `device_sampler_matches_cpu_sampler`
+/// (10 seeds): the same token, the generators advanced alike. Needs no GPU; skips when
+/// host_check was not built.
+#[test]
+fn device_sampler_math_matches_cpu_sampler_on_the_host() {
+    use crate::sampling::Sampler;
+    let mut r = Rng(21);
+    let mut cases: Vec<Vec<f32>> = vec![r.vec(1000, 8.0), r.vec(49152, 8.0)];
+    let mut special = r.vec(1000, 4.0);
+    for i in (0..1000).step_by(7) {
+        special[i] = special[3];
+    }
+    special[10] = f32::NAN;
+    special[11] = f32::INFINITY;
+    special[12] = f32::NEG_INFINITY;
+    cases.push(special);
+    let mut few = vec![f32::NEG_INFINITY; 1000];
+    few[500] = 1.0;
+    few[20] = 0.5;
+    cases.push(few);
+    cases.push(vec![f32::NEG_INFINITY; 1000]);
+    let mut n_checked = 0;
+    for (ci, logits) in cases.iter().enumerate() {
+        let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for cfg in sampler_settings() {
+            for seed in 0..10u64 {
+                let cfg = crate::sampling::SamplerConfig {
+                    seed,
+                    ..cfg.clone()
+                };
+                let n = logits.len();
+                let mut cpu_s = Sampler::new(cfg.clone(), n);
+                let mut dev_s = Sampler::new(cfg.clone(), n);
+                for round in 0..2 {
+                    let want = cpu_s.sample(logits);
+                    let ds = dev_s.device_sampling(n, SAMPLE_MAX_TOP_K).unwrap();
+                    if ds.greedy {
+                        continue;
+                    }
+                    let got = dev_s.sample_with_draw(|u| {
+                        let args = [
+                            "sample".to_string(),
+                            n.to_string(),
+                            ds.top_k.to_string(),
+                            format!("{:?}", ds.temperature),
+                            i32::from(ds.top_p.is_some()).to_string(),
+                            format!("{:?}", ds.top_p.unwrap_or(1.0)),
+                            i32::from(ds.ln_min_p.is_some()).to_string(),
+                            format!("{:?}", ds.ln_min_p.unwrap_or(0.0)),
+                            format!("{u:?}"),
+                        ];
+                        match host_check(&args, &[&bytes]) {
+                            Some(v) => Ok((v[0] as u32, v[1] != 0.0)),
+                            None => Err(()),
+                        }
+                    });
+                    let Ok(got) = got else {
+                        eprintln!("sampler_on_the_host: skipped: host_check was not built");
+                        return;
+                    };
+                    assert_eq!(
+                        got, want,
+                        "case {ci} (n {n}), {cfg:?}, sample {round}: host-compiled {got} cpu {want}"
+                    );
+                    n_checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("sampler_on_the_host: {n_checked} samples identical");
+}
+
 /// `Session::sample` on a CUDA session (logits left on the device) gives the token the CPU
 /// sampler gives for the same session's logits copied to the host, for every setting of
 /// [`sampler_settings`] plus two that sample on the host (top-k off; a repetition penalty with
