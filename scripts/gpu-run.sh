@@ -8,7 +8,8 @@
 #
 # Checks: nvidia-smi; the kernel tests (every kernel against the CPU kernels) with the cubin and
 # with the PTX fallback; the end-to-end tests against llama.cpp's reference on --device cuda
-# (Q4_1, and Q4_K_M for the k-quant kernels); generation on each weight path and on Q4_K_M;
+# (Q4_1 with f16 and q8_0 caches, and Q4_K_M for the k-quant kernels); generation on each
+# weight path, on Q4_K_M, with device sampling and with a q8_0 cache;
 # edge-run bench --device cuda on SmolLM2 Q4_1 (pp512, tg128, -r 3, with and without CUDA
 # graphs), on Q4_K_M, and on a random 1.1B Q4_0 model written here. Expected 4-5 minutes; every
 # step has its own time limit, so a hang costs that step only.
@@ -112,6 +113,10 @@ EDGE_RUN_CUDA_WEIGHTS=register gen register --device cuda
 EDGE_RUN_CUDA_WEIGHTS=managed gen managed --device cuda
 gen cpu --device cpu
 step generate-q4_k_m 45 "$BIN/edge-run" "$KMODEL" -p "The capital of France is" -n 32 --temp 0 --device cuda
+# Sampling on the device (temperature, top-k, top-p, min-p: only the token id comes back) and
+# the q8_0 KV cache, through the binary.
+step generate-sampled 45 "$BIN/edge-run" "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --seed 7 --device cuda
+step generate-kv-q8_0 45 "$BIN/edge-run" "$MODEL" -p "The capital of France is" -n 32 --temp 0 --kv-type q8_0 --device cuda
 unset RUST_LOG
 for v in nographs register managed cpu; do
     if cmp -s "$OUT/gen-upload.txt" "$OUT/gen-$v.txt"; then same=same; else same=DIFFERENT; fi

@@ -370,15 +370,11 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // quantizer: d = amax/127, q = round(x * id) with id = 127/amax (flavour 1, ggml's x86 code) or
 // 1/d (flavours 0 and 2), rounding half away from zero (flavour 0, ggml's reference) or half to
 // even (1 x86, 2 arm); d stored as f16; q8_1 adds s = f16(sum(q) * d).
-// grid: ceil(rows * cols/32 / 8); block: 256.
-extern "C" __global__ void quantize_q8(const float* x, uint8_t* out, int rows, int cols,
-                                       unsigned long long row_bytes, int with_sum, int flavour) {
-    int nb = cols / QK;
-    long long job = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (job >= (long long)rows * nb) return;
+//
+// One block of 32 values (value `v` of this lane) -> the q8_0 (q8_1 when `with_sum`) block at
+// `blk`, as described above; called by all 32 lanes of a warp together.
+__device__ __forceinline__ void warp_quantize_q8(float v, uint8_t* blk, int with_sum, int flavour) {
     int lane = threadIdx.x % 32;
-    int r = (int)(job / nb), b = (int)(job % nb);
-    float v = x[(size_t)r * cols + (size_t)b * QK + lane];
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -389,8 +385,6 @@ extern "C" __global__ void quantize_q8(const float* x, uint8_t* out, int rows, i
     float s = __fmul_rn(v, id);
     int q = (int)(flavour == 0 ? roundf(s) : rintf(s));
     q = max(-128, min(127, q));
-    int bsz = with_sum ? 36 : 34;
-    uint8_t* blk = out + (size_t)r * row_bytes + (size_t)b * bsz;
     int hdr = with_sum ? 4 : 2;
     blk[hdr + lane] = (uint8_t)(int8_t)q;
     int sum = warp_sum_i(q);
@@ -398,6 +392,19 @@ extern "C" __global__ void quantize_q8(const float* x, uint8_t* out, int rows, i
         *(uint16_t*)blk = f2h(d);
         if (with_sum) *(uint16_t*)(blk + 2) = f2h(__fmul_rn((float)sum, d));
     }
+}
+
+// grid: ceil(rows * cols/32 / 8); block: 256.
+extern "C" __global__ void quantize_q8(const float* x, uint8_t* out, int rows, int cols,
+                                       unsigned long long row_bytes, int with_sum, int flavour) {
+    int nb = cols / QK;
+    long long job = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (job >= (long long)rows * nb) return;
+    int lane = threadIdx.x % 32;
+    int r = (int)(job / nb), b = (int)(job % nb);
+    float v = x[(size_t)r * cols + (size_t)b * QK + lane];
+    int bsz = with_sum ? 36 : 34;
+    warp_quantize_q8(v, out + (size_t)r * row_bytes + (size_t)b * bsz, with_sum, flavour);
 }
 
 // Rows of f32 -> Q8_K blocks (292 bytes: f32 d, i8 qs[256], i16 bsums[16]), one warp per
@@ -989,20 +996,46 @@ extern "C" __global__ void store_kv_f16(const float* k, const float* v, uint16_t
     }
 }
 
+// Rows t of k and v -> q8_0 cache rows pos0 + t of `layer` (cache layout [layer][k|v][ctx][row],
+// row = kv_dim/32 blocks of 34 bytes), quantized as the CPU's store_kv does (its quantizer
+// `flavour`, see quantize_q8). One warp per block of 32 values.
+// grid: ceil(n_tokens * 2 * kv_dim/32 / 8); block: 256.
+extern "C" __global__ void store_kv_q8_0(const float* k, const float* v, uint8_t* cache, int layer, int ctx,
+                                         int kv_dim, int n_tokens, int flavour, const Params* params) {
+    int nb = kv_dim / QK;
+    long long job = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (job >= (long long)n_tokens * 2 * nb) return;
+    int lane = threadIdx.x % 32;
+    int t = (int)(job / (2 * nb)), rem = (int)(job % (2 * nb));
+    int is_v = rem / nb, b = rem % nb;
+    size_t row_bytes = (size_t)nb * 34;
+    size_t pos = (size_t)(params->pos0 + t);
+    const float* src = (is_v ? v : k) + (size_t)t * kv_dim + (size_t)b * QK;
+    uint8_t* dst = cache + ((size_t)(2 * layer + is_v) * ctx + pos) * row_bytes + (size_t)b * 34;
+    warp_quantize_q8(src[lane], dst, 0, flavour);
+}
+
 #define ATT_MAX_PER_LANE 8 // head_dim <= 256
 
 // Flash attention, first pass: one warp per (token, head, split). Row t attends to positions
 // 0..pos0+t (causal); split s takes the s-th of n_split equal chunks of them (chunks are computed
 // from the run-time position, so a captured decode graph stays valid as the context grows). The
-// warp walks its chunk 32 positions at a time: each lane scores one position (K . q, q rounded to
-// f16 as the CPU does), then the tile's probabilities are broadcast and every lane accumulates
-// its head_dim/32 output dims of V (coalesced), with an online softmax (running max, sum,
-// rescaled accumulator). Writes (max, sum, acc[head_dim]) per (row, head, split) to `partial`.
+// warp walks its chunk 32 positions at a time: each lane scores one position, then the tile's
+// probabilities are broadcast and every lane accumulates its head_dim/32 output dims of V
+// (coalesced), with an online softmax (running max, sum, rescaled accumulator). Writes
+// (max, sum, acc[head_dim]) per (row, head, split) to `partial`.
+//
+// Q8 = false: f16 cache (rows of kv_dim f16), score K . q with q rounded to f16 as the CPU does.
+// Q8 = true: q8_0 cache (rows of kv_dim/32 blocks of 34 bytes): the query head is quantized to
+// q8_0 (the CPU's `flavour`) and scored with integer block dots, V dequantized as d * q: the
+// CPU's attention over a q8_0 cache (attention_online in engine/src/exec/mod.rs).
 // grid: (n_tokens * n_head, n_split); block: 32.
-extern "C" __global__ void attn_partial(const float* q, const uint16_t* cache, float* partial, int n_head,
-                                        int n_head_kv, int head_dim, int ctx, int kv_dim, int layer,
-                                        float scale, int n_split, const Params* params) {
-    __shared__ float qs[ATT_MAX_PER_LANE * 32];
+template <bool Q8>
+__device__ __forceinline__ void attn_partial_t(const float* q, const void* cache, float* partial, int n_head,
+                                               int n_head_kv, int head_dim, int ctx, int kv_dim, int layer,
+                                               float scale, int n_split, int flavour, const Params* params) {
+    __shared__ float qs[ATT_MAX_PER_LANE * 32];                 // f16 cache: the rounded query
+    __shared__ __align__(4) uint8_t q8[ATT_MAX_PER_LANE * 34]; // q8_0 cache: its q8_0 blocks
     int th = blockIdx.x, split = blockIdx.y, lane = threadIdx.x;
     int t = th / n_head, h = th % n_head;
     int kvh = h / (n_head / n_head_kv);
@@ -1010,11 +1043,18 @@ extern "C" __global__ void attn_partial(const float* q, const uint16_t* cache, f
     int chunk = (n_pos + n_split - 1) / n_split;
     int start = split * chunk, end = min(n_pos, start + chunk);
     const float* qr = q + (size_t)t * n_head * head_dim + (size_t)h * head_dim;
-    for (int d = lane; d < head_dim; d += 32) qs[d] = __half2float(__float2half_rn(qr[d]));
-    __syncwarp();
-    const uint16_t* kbase = cache + (size_t)(2 * layer) * ctx * kv_dim + (size_t)kvh * head_dim;
-    const uint16_t* vbase = cache + (size_t)(2 * layer + 1) * ctx * kv_dim + (size_t)kvh * head_dim;
     int per_lane = head_dim / 32;
+    // Row strides (bytes) and this head's offset in a row.
+    size_t row_bytes = Q8 ? (size_t)(kv_dim / QK) * 34 : (size_t)kv_dim * 2;
+    size_t head_off = Q8 ? (size_t)kvh * per_lane * 34 : (size_t)kvh * head_dim * 2;
+    const uint8_t* kbase = (const uint8_t*)cache + (size_t)(2 * layer) * ctx * row_bytes + head_off;
+    const uint8_t* vbase = (const uint8_t*)cache + (size_t)(2 * layer + 1) * ctx * row_bytes + head_off;
+    if (Q8) {
+        for (int b = 0; b < per_lane; b++) warp_quantize_q8(qr[32 * b + lane], q8 + 34 * b, 0, flavour);
+    } else {
+        for (int d = lane; d < head_dim; d += 32) qs[d] = __half2float(__float2half_rn(qr[d]));
+    }
+    __syncwarp();
     float m = -INFINITY, l = 0.0f, acc[ATT_MAX_PER_LANE];
 #pragma unroll
     for (int k = 0; k < ATT_MAX_PER_LANE; k++) acc[k] = 0.0f;
@@ -1022,12 +1062,24 @@ extern "C" __global__ void attn_partial(const float* q, const uint16_t* cache, f
         int p = p0 + lane;
         float s = -INFINITY;
         if (p < end) {
-            const __half2* kr = (const __half2*)(kbase + (size_t)p * kv_dim);
+            const uint8_t* krow = kbase + (size_t)p * row_bytes;
             float dot = 0.0f;
-            for (int d = 0; d < head_dim / 2; d++) {
-                float2 kf = __half22float2(kr[d]);
-                dot = fmaf(kf.x, qs[2 * d], dot);
-                dot = fmaf(kf.y, qs[2 * d + 1], dot);
+            if (Q8) {
+                for (int b = 0; b < per_lane; b++) {
+                    const uint8_t* kb = krow + 34 * b;
+                    const uint8_t* qb = q8 + 34 * b;
+                    int sumi = 0;
+#pragma unroll
+                    for (int w = 0; w < 8; w++) sumi = dp4a(ld_i32_b2(kb + 2 + 4 * w), ld_i32_b2(qb + 2 + 4 * w), sumi);
+                    dot += (float)sumi * (h2f(ld_u16(kb)) * h2f(ld_u16(qb)));
+                }
+            } else {
+                const __half2* kr = (const __half2*)krow;
+                for (int d = 0; d < head_dim / 2; d++) {
+                    float2 kf = __half22float2(kr[d]);
+                    dot = fmaf(kf.x, qs[2 * d], dot);
+                    dot = fmaf(kf.y, qs[2 * d + 1], dot);
+                }
             }
             s = dot * scale;
         }
@@ -1040,10 +1092,15 @@ extern "C" __global__ void attn_partial(const float* q, const uint16_t* cache, f
         int n_here = min(32, end - p0);
         for (int j = 0; j < n_here; j++) {
             float pj = __shfl_sync(0xffffffffu, e, j);
-            const uint16_t* vr = vbase + (size_t)(p0 + j) * kv_dim;
+            const uint8_t* vr = vbase + (size_t)(p0 + j) * row_bytes;
 #pragma unroll
             for (int k = 0; k < ATT_MAX_PER_LANE; k++) {
-                if (k < per_lane) acc[k] = fmaf(pj, h2f(vr[lane + 32 * k]), acc[k]);
+                if (k < per_lane) {
+                    // Dim lane + 32k: element `lane` of block k (q8_0), or f16 number lane + 32k.
+                    float val = Q8 ? __fmul_rn((float)(int8_t)vr[34 * k + 2 + lane], h2f(ld_u16(vr + 34 * k)))
+                                   : h2f(((const uint16_t*)vr)[lane + 32 * k]);
+                    acc[k] = fmaf(pj, val, acc[k]);
+                }
             }
         }
         m = new_m;
@@ -1057,6 +1114,21 @@ extern "C" __global__ void attn_partial(const float* q, const uint16_t* cache, f
     for (int k = 0; k < ATT_MAX_PER_LANE; k++) {
         if (k < per_lane) out[2 + lane + 32 * k] = acc[k];
     }
+}
+
+// The two caches' kernels take the same arguments (`flavour` is unused with f16).
+extern "C" __global__ void attn_partial(const float* q, const uint16_t* cache, float* partial, int n_head,
+                                        int n_head_kv, int head_dim, int ctx, int kv_dim, int layer,
+                                        float scale, int n_split, int flavour, const Params* params) {
+    attn_partial_t<false>(q, cache, partial, n_head, n_head_kv, head_dim, ctx, kv_dim, layer, scale, n_split,
+                          flavour, params);
+}
+
+extern "C" __global__ void attn_partial_q8(const float* q, const uint8_t* cache, float* partial, int n_head,
+                                           int n_head_kv, int head_dim, int ctx, int kv_dim, int layer,
+                                           float scale, int n_split, int flavour, const Params* params) {
+    attn_partial_t<true>(q, cache, partial, n_head, n_head_kv, head_dim, ctx, kv_dim, layer, scale, n_split,
+                         flavour, params);
 }
 
 // Flash attention, second pass: merges the splits of each (row, head) and normalizes.

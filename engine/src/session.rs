@@ -193,11 +193,6 @@ impl SessionPlan {
                 p.n_ctx_train
             ))
         })?;
-        if cfg.device.is_cuda() && cfg.kv_type != crate::exec::KvType::F16 {
-            return Err(EngineError::InvalidArgument(
-                "--kv-type q8_0 is not implemented on --device cuda yet; use --kv-type f16 (or --device cpu)".into(),
-            ));
-        }
         // The CUDA attention is always tiled; on the CPU a q8_0 cache or --flash-attn is.
         let flash_attn =
             cfg.device.is_cuda() || cfg.flash_attn || cfg.kv_type == crate::exec::KvType::Q8_0;

@@ -150,7 +150,9 @@ struct Kernels {
     mm_float: CudaFunction,
     rope: CudaFunction,
     store_kv_f16: CudaFunction,
+    store_kv_q8_0: CudaFunction,
     attn_partial: CudaFunction,
+    attn_partial_q8: CudaFunction,
     attn_combine: CudaFunction,
     add: CudaFunction,
     swiglu: CudaFunction,
@@ -182,7 +184,9 @@ impl Kernels {
             mm_float: f("mm_float")?,
             rope: f("rope")?,
             store_kv_f16: f("store_kv_f16")?,
+            store_kv_q8_0: f("store_kv_q8_0")?,
             attn_partial: f("attn_partial")?,
+            attn_partial_q8: f("attn_partial_q8")?,
             attn_combine: f("attn_combine")?,
             add: f("add_f32")?,
             swiglu: f("swiglu_f32")?,
@@ -242,6 +246,12 @@ pub(crate) fn quantize_grid(rows: usize, cols: usize, block_len: usize) -> u32 {
     (rows * (cols / block_len)).div_ceil(8) as u32
 }
 
+/// Grid of `store_kv_q8_0` (block: 256 threads = 8 warps, one warp per 32-value block) for
+/// `n_tokens` rows of keys and of values of `kv_dim` values.
+pub(crate) fn store_kv_q8_0_grid(n_tokens: usize, kv_dim: usize) -> u32 {
+    (n_tokens * 2 * (kv_dim / 32)).div_ceil(8) as u32
+}
+
 /// A kernel argument (the kernels' C types: pointers and `unsigned long long` as u64, `int`,
 /// `float`, `long long`).
 #[derive(Clone, Copy)]
@@ -288,6 +298,8 @@ pub struct CudaExecutor {
     /// Device address and length of the logits of the last run.
     logits_src: (u64, usize),
     q8_flavour: i32,
+    /// The KV cache's element type (f16, or q8_0 blocks).
+    kv_type: KvType,
     ctx_len: usize,
     kv_dim: usize,
     decode_splits: usize,
@@ -316,12 +328,6 @@ impl CudaExecutor {
         weights: Option<WeightPath>,
     ) -> Result<CudaExecutor, String> {
         let p = &model.params;
-        if kv_type != KvType::F16 {
-            return Err(
-                "--kv-type q8_0 is not implemented on --device cuda yet; use --kv-type f16 (or --device cpu)"
-                    .into(),
-            );
-        }
         if let Some(reason) = crate::device::cuda_unsupported(model) {
             return Err(reason);
         }
@@ -386,6 +392,7 @@ impl CudaExecutor {
             spare: Mutex::new(None),
             logits_src: (0, 0),
             q8_flavour,
+            kv_type,
             ctx_len,
             kv_dim: p.kv_dim(),
             decode_splits: device::decode_attn_splits(ctx_len),
@@ -673,20 +680,38 @@ impl CudaExecutor {
                         ],
                     )?
                 }
-                Op::StoreKv { k, v, layer } => self.launch(
-                    &self.k.store_kv_f16,
-                    (n as u32, 1),
-                    256,
-                    &[
-                        ptr(k),
-                        ptr(v),
-                        U64(self.kv.ptr),
-                        I32(layer as i32),
-                        I32(self.ctx_len as i32),
-                        I32(self.kv_dim as i32),
-                        params,
-                    ],
-                )?,
+                Op::StoreKv { k, v, layer } => match self.kv_type {
+                    KvType::F16 => self.launch(
+                        &self.k.store_kv_f16,
+                        (n as u32, 1),
+                        256,
+                        &[
+                            ptr(k),
+                            ptr(v),
+                            U64(self.kv.ptr),
+                            I32(layer as i32),
+                            I32(self.ctx_len as i32),
+                            I32(self.kv_dim as i32),
+                            params,
+                        ],
+                    )?,
+                    KvType::Q8_0 => self.launch(
+                        &self.k.store_kv_q8_0,
+                        (store_kv_q8_0_grid(n, self.kv_dim), 1),
+                        256,
+                        &[
+                            ptr(k),
+                            ptr(v),
+                            U64(self.kv.ptr),
+                            I32(layer as i32),
+                            I32(self.ctx_len as i32),
+                            I32(self.kv_dim as i32),
+                            I32(n as i32),
+                            I32(self.q8_flavour),
+                            params,
+                        ],
+                    )?,
+                },
                 Op::Attention {
                     q,
                     layer,
@@ -697,25 +722,26 @@ impl CudaExecutor {
                     out,
                 } => {
                     let splits = if n == 1 { self.decode_splits } else { 1 };
-                    self.launch(
-                        &self.k.attn_partial,
-                        ((n * n_head) as u32, splits as u32),
-                        32,
-                        &[
-                            ptr(q),
-                            U64(self.kv.ptr),
-                            U64(self.partial.ptr),
-                            I32(n_head as i32),
-                            I32(n_head_kv as i32),
-                            I32(head_dim as i32),
-                            I32(self.ctx_len as i32),
-                            I32(self.kv_dim as i32),
-                            I32(layer as i32),
-                            F32(scale),
-                            I32(splits as i32),
-                            params,
-                        ],
-                    )?;
+                    let f = match self.kv_type {
+                        KvType::F16 => &self.k.attn_partial,
+                        KvType::Q8_0 => &self.k.attn_partial_q8,
+                    };
+                    let args = [
+                        ptr(q),
+                        U64(self.kv.ptr),
+                        U64(self.partial.ptr),
+                        I32(n_head as i32),
+                        I32(n_head_kv as i32),
+                        I32(head_dim as i32),
+                        I32(self.ctx_len as i32),
+                        I32(self.kv_dim as i32),
+                        I32(layer as i32),
+                        F32(scale),
+                        I32(splits as i32),
+                        I32(self.q8_flavour), // the q8_0 cache's query quantizer
+                        params,
+                    ];
+                    self.launch(f, ((n * n_head) as u32, splits as u32), 32, &args)?;
                     self.launch(
                         &self.k.attn_combine,
                         ((n * n_head) as u32, 1),

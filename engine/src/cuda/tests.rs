@@ -9,6 +9,7 @@
 
 use super::*;
 use crate::cpu::{self, Q8Rounding};
+use crate::exec::KvType;
 use half::f16;
 
 struct Gpu {
@@ -278,8 +279,12 @@ fn launch_dims_and_kernel_tables() {
     assert_eq!(quantize_grid(5, 224, 32), 5); // 35 blocks
     assert_eq!(quantize_grid(1, 1536, 256), 1); // 6 blocks of 256
     assert_eq!(quantize_grid(3, 2304, 256), 4); // 27 blocks
-                                                // Every weight type a CUDA session accepts has a matmul kernel (or is a float type), and the
-                                                // tables name distinct types and kernels.
+                                                // The q8_0 cache store: 2 rows (k, v) of kv_dim/32 blocks per token, 8 warps per block.
+    assert_eq!(store_kv_q8_0_grid(1, 192), 2); // 12 blocks of 32
+    assert_eq!(store_kv_q8_0_grid(7, 192), 11); // 84
+    assert_eq!(store_kv_q8_0_grid(1, 64), 1); // 4
+                                              // Every weight type a CUDA session accepts has a matmul kernel (or is a float type), and the
+                                              // tables name distinct types and kernels.
     for (i, &(ty, suffix)) in QUANT_MATMUL.iter().enumerate() {
         assert_eq!(quant_matmul_index(ty), Some(i));
         assert_eq!(suffix, ty.name(), "kernel names follow ggml's type names");
@@ -779,6 +784,7 @@ fn store_kv_and_attention_decode_and_prefill_match_reference() {
                     Arg::I32(layer as i32),
                     Arg::F32(scale),
                     Arg::I32(splits as i32),
+                    Arg::I32(0), // quantizer flavour: unused with an f16 cache
                     p(&params),
                 ],
             );
@@ -900,6 +906,161 @@ fn argmax_matches_cpu_including_ties() {
             crate::sampling::argmax(c),
             "case {i}"
         );
+    }
+}
+
+/// The q8_0 KV cache's kernels: `store_kv_q8_0` writes the CPU's q8_0 rows bit for bit (every
+/// quantizer flavour), and `attn_partial_q8` + `attn_combine` match an f64 attention over the
+/// dequantized cache with the query quantized to q8_0 as the CPU does (decode with splits,
+/// prefill; heads of 32, 64 and 128, grouped and not).
+#[test]
+fn store_kv_and_attention_with_a_q8_0_cache_match_the_cpu_path() {
+    let Some(g) = gpu("attention_q8") else { return };
+    let mut r = Rng(7);
+    for (n_head, n_head_kv, head_dim) in [(9, 3, 64), (4, 4, 128), (8, 2, 32)] {
+        let kv_dim = n_head_kv * head_dim;
+        let rb = kv_dim / 32 * 34;
+        let (ctx, n_layer, layer) = (300, 2, 1);
+        // A cache with random history in every row (the CPU's q8_0 rows).
+        let cache = quantized(
+            GgmlType::Q8_0,
+            &r.vec(2 * n_layer * ctx * kv_dim, 1.0),
+            2 * n_layer * ctx,
+        );
+        for (flavour, rounding) in [
+            (0, Q8Rounding::GgmlRef),
+            (1, Q8Rounding::GgmlX86),
+            (2, Q8Rounding::GgmlArm),
+        ] {
+            let kern = cpu::Kernels::scalar().with_q8_rounding(rounding);
+            for (pos0, n_tok, splits) in [(290, 1, 2), (0, 1, 3), (20, 7, 1)] {
+                let dcache = g.buf(&cache);
+                let k = r.vec(n_tok * kv_dim, 1.0);
+                let v = r.vec(n_tok * kv_dim, 1.0);
+                let (dk, dv) = (g.buf(&k), g.buf(&v));
+                let params = g.params(pos0, &vec![0; n_tok]);
+                g.run(
+                    &g.k.store_kv_q8_0,
+                    (store_kv_q8_0_grid(n_tok, kv_dim), 1),
+                    256,
+                    &[
+                        p(&dk),
+                        p(&dv),
+                        p(&dcache),
+                        Arg::I32(layer as i32),
+                        Arg::I32(ctx as i32),
+                        Arg::I32(kv_dim as i32),
+                        Arg::I32(n_tok as i32),
+                        Arg::I32(flavour),
+                        p(&params),
+                    ],
+                );
+                let mut want_cache = cache.clone();
+                for t in 0..n_tok {
+                    for (is_v, src) in [(0, &k), (1, &v)] {
+                        let at = ((2 * layer + is_v) * ctx + pos0 + t) * rb;
+                        kern.quantize_row(
+                            GgmlType::Q8_0,
+                            &src[t * kv_dim..(t + 1) * kv_dim],
+                            &mut want_cache[at..at + rb],
+                        )
+                        .unwrap();
+                    }
+                }
+                let got_cache: Vec<u8> = g.get(&dcache, cache.len());
+                assert!(
+                    got_cache == want_cache,
+                    "store_kv_q8_0 rows differ (flavour {flavour}, {n_tok} tokens at {pos0})"
+                );
+                let q = r.vec(n_tok * n_head * head_dim, 1.0);
+                let dq = g.buf(&q);
+                let scale = 1.0 / (head_dim as f32).sqrt();
+                let partial = g.zeros(n_tok * n_head * splits * (head_dim + 2) * 4);
+                let out = g.zeros(q.len() * 4);
+                g.run(
+                    &g.k.attn_partial_q8,
+                    ((n_tok * n_head) as u32, splits as u32),
+                    32,
+                    &[
+                        p(&dq),
+                        p(&dcache),
+                        p(&partial),
+                        Arg::I32(n_head as i32),
+                        Arg::I32(n_head_kv as i32),
+                        Arg::I32(head_dim as i32),
+                        Arg::I32(ctx as i32),
+                        Arg::I32(kv_dim as i32),
+                        Arg::I32(layer as i32),
+                        Arg::F32(scale),
+                        Arg::I32(splits as i32),
+                        Arg::I32(flavour),
+                        p(&params),
+                    ],
+                );
+                g.run(
+                    &g.k.attn_combine,
+                    ((n_tok * n_head) as u32, 1),
+                    128,
+                    &[
+                        p(&partial),
+                        p(&out),
+                        Arg::I32(head_dim as i32),
+                        Arg::I32(splits as i32),
+                    ],
+                );
+                let got: Vec<f32> = g.get(&out, q.len());
+                // Reference: the query head quantized by the CPU's quantizer, everything
+                // dequantized (exact products of f16 scales and small integers), f64 math.
+                let dequant = |bytes: &[u8], n: usize| {
+                    let mut o = vec![0.0f32; n];
+                    cpu::dequantize_row(GgmlType::Q8_0, bytes, &mut o).unwrap();
+                    o
+                };
+                let mut worst = 0.0f32;
+                let hb = head_dim / 32 * 34;
+                for t in 0..n_tok {
+                    for h in 0..n_head {
+                        let kvh = h / (n_head / n_head_kv);
+                        let mut q8 = vec![0u8; hb];
+                        let qh = &q[(t * n_head + h) * head_dim..][..head_dim];
+                        kern.quantize_row(GgmlType::Q8_0, qh, &mut q8).unwrap();
+                        let qd = dequant(&q8, head_dim);
+                        let row = |is_v: usize, pos: usize| {
+                            let at = ((2 * layer + is_v) * ctx + pos) * rb + kvh * hb;
+                            dequant(&want_cache[at..at + hb], head_dim)
+                        };
+                        let n_pos = pos0 + t + 1;
+                        let s: Vec<f64> = (0..n_pos)
+                            .map(|pos| {
+                                row(0, pos)
+                                    .iter()
+                                    .zip(&qd)
+                                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                    .sum::<f64>()
+                                    * f64::from(scale)
+                            })
+                            .collect();
+                        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                        let z: f64 = e.iter().sum();
+                        let vs: Vec<Vec<f32>> = (0..n_pos).map(|pos| row(1, pos)).collect();
+                        for d in 0..head_dim {
+                            let want: f64 = (0..n_pos)
+                                .map(|pos| e[pos] * f64::from(vs[pos][d]))
+                                .sum::<f64>()
+                                / z;
+                            let gv = got[(t * n_head + h) * head_dim + d];
+                            worst = worst.max((gv - want as f32).abs());
+                        }
+                    }
+                }
+                // As for the f16 cache: convex combinations of |v| <= 1 in f32.
+                assert!(
+                    worst < 5e-5,
+                    "q8_0 cache, heads {n_head}/{n_head_kv} x {head_dim}, flavour {flavour}, pos0 {pos0}, {n_tok} tokens, {splits} splits: max error {worst}"
+                );
+            }
+        }
     }
 }
 
@@ -1156,7 +1317,13 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
     use crate::session::{Session, SessionConfig};
     let prompt: Vec<u32> = vec![72, 101, 108, 108, 111, 32, 119, 111, 114];
     let failures = std::cell::RefCell::new(Vec::new());
-    for ty in TINY_MODEL_TYPES {
+    // Every type with an f16 cache; a float, a 32-block and a k-quant type with a q8_0 cache.
+    let runs = TINY_MODEL_TYPES.iter().map(|&ty| (ty, KvType::F16)).chain(
+        [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K]
+            .into_iter()
+            .map(|ty| (ty, KvType::Q8_0)),
+    );
+    for (ty, kv_type) in runs {
         let model = Arc::new(tiny_model(ty));
         for ubatch in [None, Some(4)] {
             let cfg = |device| SessionConfig {
@@ -1165,6 +1332,7 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
                 threads: Some(1),
                 device,
                 flash_attn: true,
+                kv_type,
                 ..Default::default()
             };
             let mut cpu_s = Session::new(model.clone(), &cfg(crate::device::Device::Cpu)).unwrap();
@@ -1173,8 +1341,10 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
             // f32: measured up to 0.084% of the range on an H200 (the GPU's expf and sinf
             // against the CPU's polynomials, amplified by random weights); 2e-3 leaves room for
             // other GPUs' rounding.
-            let rel = match ty {
-                GgmlType::F32 | GgmlType::F16 => 2e-3,
+            // A q8_0 cache requantizes k and v (and the query), so a value on a rounding
+            // boundary moves by one quant step as with quantized weights.
+            let rel = match (ty, kv_type) {
+                (GgmlType::F32 | GgmlType::F16, KvType::F16) => 2e-3,
                 _ => 3e-2,
             };
             let compare = |c: &[f32], g: &[f32], what: &str| {
@@ -1185,7 +1355,8 @@ fn whole_sessions_match_the_cpu_on_tiny_models() {
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
                 let line = format!(
-                    "{ty} ubatch {ubatch:?} {what}: max |cpu - gpu| {worst} (range {range}, tolerance {})",
+                    "{ty} kv {} ubatch {ubatch:?} {what}: max |cpu - gpu| {worst} (range {range}, tolerance {})",
+                    kv_type.name(),
                     rel * range
                 );
                 eprintln!("tiny_sessions: {line}");
