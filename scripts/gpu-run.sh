@@ -62,14 +62,15 @@ part() {
     done
     echo "$1"
 }
-# The Q4_1 model: part 1 from call 1's stash, part 2 from this call.
+# The Q4_1 model: parts 1 and 2 from the stash (calls 1 and 3), part 3 from this call.
 MODEL="$STASH/SmolLM2-135M-Instruct.Q4_1.gguf"
 P1="$(part "$STASH/model.part1" .gpu/stash1/model.part1)"
-if [ -f "$P1" ] && [ -f .gpu/model.part2 ]; then
-    cat "$P1" .gpu/model.part2 > "$MODEL"
+P2="$(part "$STASH/model.part2" .gpu/stash3/model.part2)"
+if [ -f "$P1" ] && [ -f "$P2" ] && [ -f .gpu/model.part3 ]; then
+    cat "$P1" "$P2" .gpu/model.part3 > "$MODEL"
 fi
 if [ -f .gpu/model.sha256 ] && [ "$(sha256sum "$MODEL" 2>/dev/null | cut -d' ' -f1)" != "$(cat .gpu/model.sha256)" ]; then
-    log "model: checksum mismatch or missing parts (part1 at $P1?): the end-to-end steps will fail"
+    log "model: checksum mismatch or missing parts ($P1, $P2, .gpu/model.part3?): the end-to-end steps will fail"
 else
     log "model: $MODEL ($(stat -c %s "$MODEL") bytes, checksum ok)"
 fi
