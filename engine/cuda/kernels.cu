@@ -17,7 +17,14 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include <string.h>
+#ifndef __CUDACC_RTC__
+#include <string.h> // memcpy, for the host side of host_check.cu (NVRTC has no such header)
+#endif
+
+// NVRTC (the last-resort image, engine/src/cuda/module.rs) has no <math.h>.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 
 #define QK 32
 
@@ -465,7 +472,7 @@ extern "C" __global__ void quantize_q8_k(const float* x, uint8_t* out, int rows,
         sum += q[i];
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1); // lanes 2k, 2k+1: both hold bsums[k]
-    if (lane % 2 == 0) *(uint16_t*)(blk + 4 + QK_K + 2 * (lane / 2)) = (uint16_t)(int16_t)sum;
+    if (lane % 2 == 0) *(uint16_t*)(blk + 4 + QK_K + 2 * (lane / 2)) = (uint16_t)(short)sum;
     if (lane == 0) {
         uint32_t db = __float_as_uint(d);
         ((uint16_t*)blk)[0] = (uint16_t)(db & 0xFFFF);
@@ -870,8 +877,8 @@ HD float chunk_dot(const KChunk& ch, const uint8_t* xb, int c) {
 #pragma unroll
     for (int k = 4; k < 8; k++) s1 = dp4a(ch.q[k], ld_i32_b2(xq + 4 * k), s1);
     int isum = ch.sc0 * s0 + ch.sc1 * s1;
-    int bs0 = (int16_t)ld_u16(xb + 4 + QK_K + 2 * (2 * c));
-    int bs1 = (int16_t)ld_u16(xb + 4 + QK_K + 2 * (2 * c + 1));
+    int bs0 = (short)ld_u16(xb + 4 + QK_K + 2 * (2 * c));
+    int bs1 = (short)ld_u16(xb + 4 + QK_K + 2 * (2 * c + 1));
     return (ch.d * dx) * (float)isum - (ch.dmin * dx) * (float)(ch.m0 * bs0 + ch.m1 * bs1);
 }
 
@@ -1224,8 +1231,12 @@ HD float sample_sanitize(float x) {
 }
 // An int whose signed order is f32::total_cmp's order of x (Rust's own construction).
 HD int total_order_key(float x) {
+#ifdef __CUDA_ARCH__
+    int b = __float_as_int(x);
+#else
     int b;
     memcpy(&b, &x, 4);
+#endif
     return b ^ (int)(((unsigned)(b >> 31)) >> 1);
 }
 // f32 exp as close to correctly rounded as a double exp makes it (the CPU uses libm's expf,
