@@ -2,8 +2,8 @@
 //
 // Data layouts are the CPU backend's, byte for byte, because the CUDA executor runs the *same*
 // planned graph over the same arena offsets: quantized activations are ggml's q8_0 (34-byte) and
-// q8_1 (36-byte) blocks, weights are the file's blocks, the KV cache is
-// `[layer][k|v][pos][kv_dim]` f16 rows. Blocks of 18/34 bytes are only 2-byte aligned, so packed
+// q8_1 (36-byte) and Q8_K (292-byte) blocks, weights are the file's blocks, the KV cache is
+// `[layer][k|v][pos][row]` rows of f16 or q8_0 blocks. Blocks of 18/34 bytes are only 2-byte aligned, so packed
 // quants are read with 16-bit loads and assembled into 32-bit words for dp4a.
 //
 // Positions and token ids are read from a small device buffer (`Params`), never passed as kernel

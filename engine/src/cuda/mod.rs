@@ -2,7 +2,7 @@
 //!
 //! Memory follows the plan: the arena is ONE device allocation of the planned size and every
 //! value lives at its planned offset; the KV cache is ONE allocation (the CPU layout,
-//! `[layer][k|v][pos][kv_dim]` f16); the weights are ONE device buffer (discrete GPUs) or the
+//! `[layer][k|v][pos][row]`, rows of f16 or q8_0); the weights are ONE device buffer (discrete GPUs) or the
 //! file mapping registered read-only / one managed buffer (integrated GPUs, see
 //! [`crate::device::choose_weight_path`]). Besides these, the backend owns the attention partials
 //! and a parameter block (position, token ids, argmax result) that kernels read, so that a decode
@@ -10,8 +10,10 @@
 //! per token after copying the token id and position into the parameter block.
 //!
 //! Every op is one or two kernel launches (engine/cuda/kernels.cu) on one stream. A run ends
-//! with a device argmax of the logits, so greedy decoding copies back one token id; the logits
-//! are copied to the host only when asked for ([`CudaExecutor::logits`]).
+//! with a device argmax of the logits, so greedy decoding copies back one token id, and
+//! [`CudaExecutor::sample`] samples (temperature, top-k, top-p, min-p) on the device and copies
+//! back one token id too: no logits copy per token unless asked for
+//! ([`CudaExecutor::logits`]). The KV cache is f16 or q8_0 rows (the CPU's layouts).
 //!
 //! Unsafe code here is limited to the driver's FFI (allocations, copies, registration) and
 //! kernel launches; each block states its invariant.
