@@ -78,6 +78,51 @@ fn main() {
             Err(e) => panic!("cannot run {}: {e}", nvcc.display()),
         }
     }
+    build_host_check(&nvcc, &out);
+}
+
+/// Builds cuda/host_check.cu (kernels.cu's block decoders compiled for the host, see there) into
+/// OUT_DIR and passes its path to the crate as `EDGE_RUN_CUDA_HOST_CHECK` (empty when it could not
+/// be built: it needs a host compiler and CUDA's static runtime, and is only a test aid, so a
+/// failure is a warning, never a build error).
+fn build_host_check(nvcc: &Path, out: &Path) {
+    println!("cargo:rerun-if-changed=cuda/host_check.cu");
+    let exe = out.join("host_check");
+    let mut cmd = Command::new(nvcc);
+    cmd.args([
+        "-arch=sm_90",
+        "-O2",
+        "-cudart",
+        "static",
+        "-Xcompiler",
+        "-ffp-contract=off",
+    ]);
+    // The pip wheels keep the static runtime beside bin/ (nvidia/cu13/lib), not where nvcc looks.
+    if let Some(lib) = nvcc.parent().and_then(Path::parent).map(|p| p.join("lib")) {
+        if lib.is_dir() {
+            cmd.arg(format!("-L{}", lib.display()));
+        }
+    }
+    cmd.arg("-o").arg(&exe).arg("cuda/host_check.cu");
+    let built = match cmd.output() {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+            println!("cargo:warning=cuda/host_check.cu not built (its test will skip): {first}");
+            false
+        }
+        Err(e) => {
+            println!("cargo:warning=cuda/host_check.cu not built (its test will skip): {e}");
+            false
+        }
+    };
+    let path = if built {
+        exe.display().to_string()
+    } else {
+        String::new()
+    };
+    println!("cargo:rustc-env=EDGE_RUN_CUDA_HOST_CHECK={path}");
 }
 
 fn works(nvcc: &Path) -> bool {

@@ -70,7 +70,8 @@ pub fn default_device() -> Device {
 }
 
 /// Why the CUDA backend cannot run `model`, if it cannot: a head size its attention kernel
-/// lacks, or a weight type without CUDA kernels (the K-quants, IQ4: CPU only for now). Checked
+/// lacks, or a weight type without CUDA kernels (the activation-only types Q8_1 and Q8_K as
+/// weights; every other type the CPU runs has a CUDA matmul and embedding kernel). Checked
 /// when a CUDA session opens, and by [`device_for`] to keep the default device on the CPU.
 pub fn cuda_unsupported(model: &crate::model::Model) -> Option<String> {
     use crate::tensor::GgmlType;
@@ -95,7 +96,16 @@ pub fn cuda_unsupported(model: &crate::model::Model) -> Option<String> {
                 w.ty,
                 GgmlType::Q4_0
                     | GgmlType::Q4_1
+                    | GgmlType::Q5_0
+                    | GgmlType::Q5_1
                     | GgmlType::Q8_0
+                    | GgmlType::Q2_K
+                    | GgmlType::Q3_K
+                    | GgmlType::Q4_K
+                    | GgmlType::Q5_K
+                    | GgmlType::Q6_K
+                    | GgmlType::IQ4_NL
+                    | GgmlType::IQ4_XS
                     | GgmlType::F32
                     | GgmlType::F16
                     | GgmlType::BF16

@@ -217,19 +217,18 @@ impl Session {
             }
             None
         } else {
-            let logits = if prompt.is_empty() {
-                let logits = self.logits();
-                if logits.is_empty() {
+            if prompt.is_empty() {
+                if self.logits().is_empty() {
                     return Err(EngineError::InvalidArgument(
                         "nothing to generate from: give a prompt (the session has processed no tokens)"
                             .into(),
                     ));
                 }
-                logits
             } else {
-                self.prefill(prompt)?
-            };
-            Some(sampler.sample(logits))
+                self.prefill(prompt)?;
+            }
+            // On a GPU the sampling runs there when the settings allow (Session::sample).
+            Some(self.sample(&mut sampler)?)
         };
         Ok(Generator {
             session: self,
@@ -338,8 +337,14 @@ impl Iterator for Generator<'_> {
             return None;
         }
         if let Some(prev) = self.last_emitted {
-            match self.session.step(prev) {
-                Ok(logits) => self.next = Some(self.sampler.sample(logits)),
+            // advance + sample rather than step: on a GPU, the logits are not copied back
+            // unless the sampler needs them on the host (Session::sample).
+            match self
+                .session
+                .advance(&[prev])
+                .and_then(|()| self.session.sample(&mut self.sampler))
+            {
+                Ok(token) => self.next = Some(token),
                 // Checked before anything runs: the session is as it was, minus nothing.
                 Err(EngineError::ContextFull { .. }) => {
                     self.finish(StopReason::ContextFull);

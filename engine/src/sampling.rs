@@ -143,6 +143,26 @@ impl Xoshiro256 {
     }
 }
 
+/// The settings of one [`Sampler::sample`] call for a sampler outside this module, with the
+/// stages resolved as `sample` resolves them (see [`Sampler::device_sampling`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceSampling {
+    /// Logits considered: the first `n`.
+    pub n: usize,
+    /// Greedy (the temperature is `<= 0` or not finite): the argmax, lowest id on ties, NaN
+    /// as -inf; no draw.
+    pub greedy: bool,
+    /// The temperature (when not greedy).
+    pub temperature: f32,
+    /// Candidates kept by top-k, in `1..=n` (`n` when top-k is off).
+    pub top_k: usize,
+    /// The top-p threshold, when top-p is on (`0 < top_p < 1`).
+    pub top_p: Option<f32>,
+    /// `ln(min_p)` in f32 (the CPU's value: candidates below `max + ln(min_p)` go), when min-p
+    /// is on (`0 < min_p <= 1`).
+    pub ln_min_p: Option<f32>,
+}
+
 /// One candidate token: its id and its (penalised, sanitised) logit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Cand {
@@ -350,6 +370,54 @@ impl Sampler {
         // Rounding: fall back on the last candidate with non-zero weight.
         let last = self.probs.iter().rposition(|&p| p > 0.0).unwrap_or(0);
         self.cand[last].id
+    }
+
+    /// What [`Sampler::sample`] needs besides the logits, for a sampler that holds the logits
+    /// elsewhere (the CUDA backend's device sampler): `None` when this sampler must see the
+    /// logits itself: a repetition penalty with tokens in the history, or a top-k (0 = all
+    /// `n_logits`) above `max_top_k`. `n_logits` is the logits' length; the device must
+    /// consider `min(n_logits, n_vocab)` of them, as `sample` does.
+    pub fn device_sampling(&self, n_logits: usize, max_top_k: usize) -> Option<DeviceSampling> {
+        let p = self.cfg.repeat_penalty;
+        if p.is_finite() && p > 0.0 && p != 1.0 && !self.history.is_empty() {
+            return None;
+        }
+        let n = n_logits.min(self.n_vocab);
+        let t = self.cfg.temperature;
+        let greedy = !(t > 0.0 && t.is_finite());
+        let top_k = match self.cfg.top_k {
+            0 => n,
+            k => k.min(n),
+        };
+        if !greedy && top_k > max_top_k {
+            return None;
+        }
+        let (top_p, min_p) = (self.cfg.top_p, self.cfg.min_p);
+        Some(DeviceSampling {
+            n,
+            greedy,
+            temperature: t,
+            top_k,
+            top_p: (top_p > 0.0 && top_p < 1.0).then_some(top_p),
+            ln_min_p: (min_p > 0.0 && min_p <= 1.0).then(|| min_p.ln()),
+        })
+    }
+
+    /// [`Sampler::sample`] done by `f` elsewhere (see [`Sampler::device_sampling`]): `f` gets
+    /// the uniform draw in [0, 1) that `sample` would take from the generator and returns the
+    /// token and whether it used the draw (`sample` draws only when some candidate survives);
+    /// if it did not, the generator is put back, so it advances exactly as `sample`'s would.
+    pub fn sample_with_draw<E>(
+        &mut self,
+        f: impl FnOnce(f64) -> std::result::Result<(u32, bool), E>,
+    ) -> std::result::Result<u32, E> {
+        let saved = self.rng.clone();
+        let u = self.rng.next_f64();
+        let (token, drew) = f(u)?;
+        if !drew {
+            self.rng = saved;
+        }
+        Ok(token)
     }
 
     /// Records an emitted token for the repetition penalty (a ring buffer of the last
@@ -779,5 +847,96 @@ mod tests {
             s.reset();
             assert_eq!(allocs(), before, "sample/accept/reset allocated");
         }
+    }
+
+    #[test]
+    fn device_sampling_says_what_sample_would_do() {
+        let c = SamplerConfig {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+            ..cfg()
+        };
+        let s = Sampler::new(c.clone(), 100);
+        let ds = s.device_sampling(100, 1024).unwrap();
+        assert_eq!(
+            ds,
+            DeviceSampling {
+                n: 100,
+                greedy: false,
+                temperature: 0.7,
+                top_k: 40,
+                top_p: Some(0.9),
+                ln_min_p: Some(0.05f32.ln()),
+            }
+        );
+        // Off stages, greedy, top-k clamped to the logits, too many candidates for the device.
+        let off = Sampler::new(
+            SamplerConfig {
+                top_k: 500,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..c.clone()
+            },
+            100,
+        );
+        let ds = off.device_sampling(120, 1024).unwrap();
+        assert_eq!(
+            (ds.n, ds.top_k, ds.top_p, ds.ln_min_p),
+            (100, 100, None, None)
+        );
+        assert!(off.device_sampling(120, 50).is_none());
+        let all = Sampler::new(
+            SamplerConfig {
+                top_k: 0,
+                ..c.clone()
+            },
+            100,
+        );
+        assert_eq!(all.device_sampling(100, 100).unwrap().top_k, 100);
+        assert!(all.device_sampling(100, 99).is_none());
+        let greedy = Sampler::new(
+            SamplerConfig {
+                temperature: 0.0,
+                top_k: 0,
+                ..c.clone()
+            },
+            100,
+        );
+        assert!(greedy.device_sampling(100, 1).unwrap().greedy);
+        // A repetition penalty needs the logits once there is history.
+        let mut pen = Sampler::new(
+            SamplerConfig {
+                repeat_penalty: 1.3,
+                ..c
+            },
+            100,
+        );
+        assert!(pen.device_sampling(100, 1024).is_some());
+        pen.accept(3);
+        assert!(pen.device_sampling(100, 1024).is_none());
+    }
+
+    #[test]
+    fn sample_with_draw_advances_the_generator_as_sample() {
+        // The draws handed out are the generator's, in order; an unused draw is put back.
+        let mut a = Sampler::new(cfg(), 10);
+        let mut b = Sampler::new(cfg(), 10);
+        let mut seen = Vec::new();
+        for used in [true, false, true, true] {
+            a.sample_with_draw(|u| {
+                seen.push(u);
+                Ok::<_, ()>((0, used))
+            })
+            .unwrap();
+        }
+        let want: Vec<f64> = (0..3).map(|_| b.rng.next_f64()).collect();
+        assert_eq!(seen, vec![want[0], want[1], want[1], want[2]]);
+        // After the same draws, sample() continues identically.
+        let logits: Vec<f32> = (0..10).map(|i| (i as f32 * 0.37).sin()).collect();
+        assert_eq!(a.sample(&logits), b.sample(&logits));
+        let e = a.sample_with_draw(|_| Err::<(u32, bool), _>("device error"));
+        assert_eq!(e, Err("device error"));
     }
 }

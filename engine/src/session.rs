@@ -196,11 +196,6 @@ impl SessionPlan {
                 p.n_ctx_train
             ))
         })?;
-        if cfg.device.is_cuda() && cfg.kv_type != crate::exec::KvType::F16 {
-            return Err(EngineError::InvalidArgument(
-                "--kv-type q8_0 is not implemented on --device cuda yet; use --kv-type f16 (or --device cpu)".into(),
-            ));
-        }
         // The CUDA attention is always tiled; on the CPU a q8_0 cache or --flash-attn is.
         let flash_attn =
             cfg.device.is_cuda() || cfg.flash_attn || cfg.kv_type == crate::exec::KvType::Q8_0;
@@ -686,6 +681,36 @@ impl Session {
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.argmax().map_err(EngineError::Device),
         }
+    }
+
+    /// The next token from the last run's logits with `sampler`: the token
+    /// `sampler.sample(self.logits())` gives, with the sampler's generator advanced the same way.
+    /// On a GPU the logits stay there when the sampler allows it
+    /// ([`crate::sampling::Sampler::device_sampling`]: no active repetition penalty, top-k at
+    /// most [`crate::cuda::SAMPLE_MAX_TOP_K`]): greedy settings use the device argmax, others the
+    /// device sampler (same arithmetic as the CPU's, fed the CPU generator's uniform draw), and
+    /// only the token id is copied back. Otherwise, and on the CPU, the logits are sampled here.
+    pub fn sample(&mut self, sampler: &mut crate::sampling::Sampler) -> Result<u32> {
+        if !self.has_logits {
+            return Err(EngineError::InvalidArgument(
+                "no logits yet: process some tokens first".into(),
+            ));
+        }
+        #[cfg(feature = "cuda")]
+        if let Backend::Cuda(c) = &self.backend {
+            let len = c.logits_len();
+            if let Some(ds) =
+                sampler.device_sampling(len, crate::cuda::SAMPLE_MAX_TOP_K.min(len.max(1)))
+            {
+                if ds.n == len && len > 0 {
+                    return sampler
+                        .sample_with_draw(|u| c.sample(&ds, u))
+                        .map_err(EngineError::Device);
+                }
+            }
+        }
+        let logits = self.try_logits()?;
+        Ok(sampler.sample(logits))
     }
 
     /// Logits of the last processed position (empty before any run, or if copying them from

@@ -1305,8 +1305,23 @@ fn plan_reports_cuda_device_allocations_without_a_gpu() {
     assert!(
         v["cuda"]["weights_upload_bytes"].as_u64().unwrap() >= v["weights_bytes"].as_u64().unwrap()
     );
-    let out = run(&["plan", s(&m), "--device", "cuda", "--kv-type", "q8_0"]);
-    assert_error(&out, &["q8_0", "--device cuda"]);
+    // A q8_0 cache on the GPU: 34 bytes per 32 values instead of 64.
+    let f16_kv = v["cuda"]["kv_bytes"].as_u64().unwrap();
+    let out = run(&[
+        "plan",
+        s(&m),
+        "--device",
+        "cuda",
+        "--ctx",
+        "1024",
+        "--kv-type",
+        "q8_0",
+        "--json",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["cuda"]["kv_bytes"], v["kv_bytes"]);
+    assert_eq!(v["cuda"]["kv_bytes"].as_u64().unwrap() * 64, f16_kv * 34);
 }
 
 // ---------------------------------------------------------------- embed (encoder models)

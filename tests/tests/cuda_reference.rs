@@ -20,6 +20,7 @@
 use std::sync::{Arc, OnceLock};
 
 use edge_engine::device::Device;
+use edge_engine::exec::KvType;
 use edge_engine::model::Model;
 use edge_engine::session::{Session, SessionConfig};
 use edge_tests::{ids, read_jsonl, shared_dir, smollm2_path};
@@ -33,6 +34,16 @@ fn model() -> Arc<Model> {
 
 /// A CUDA session on device 0, or `None` after printing why the test is skipped.
 fn cuda_session(test: &str, ctx: usize, ubatch: Option<usize>) -> Option<Session> {
+    cuda_session_kv(test, ctx, ubatch, KvType::F16)
+}
+
+/// [`cuda_session`] with a KV cache of `kv_type`.
+fn cuda_session_kv(
+    test: &str,
+    ctx: usize,
+    ubatch: Option<usize>,
+    kv_type: KvType,
+) -> Option<Session> {
     match edge_engine::cuda::device_count() {
         Ok(n) if n > 0 => {}
         Ok(_) => {
@@ -49,6 +60,7 @@ fn cuda_session(test: &str, ctx: usize, ubatch: Option<usize>) -> Option<Session
         ubatch,
         threads: Some(1),
         device: Device::Cuda(0),
+        kv_type,
         ..Default::default()
     };
     Some(Session::new(model(), &cfg).expect("CUDA session"))
@@ -85,9 +97,23 @@ fn top2_margin(logits: &[f32]) -> f32 {
 /// angle, a stale position) is off by whole units at most positions and fails all three.
 #[test]
 fn cuda_teacher_forced_logits_close_to_llama_cpp() {
-    const MAX_ERR: f32 = 2.0;
-    const MEAN_ERR: f64 = 0.35;
-    let Some(mut session) = cuda_session("cuda_teacher_forced", 512, None) else {
+    teacher_forced("cuda_teacher_forced", KvType::F16, 2, 2.0, 0.35);
+}
+
+/// As [`cuda_teacher_forced_logits_close_to_llama_cpp`] with a q8_0 KV cache on the GPU
+/// (`store_kv_q8_0`, `attn_partial_q8`). Bounds: the CPU's q8_0 cache alone measures top-1 at
+/// 58 of 60, max 0.98, mean 0.25 against llama.cpp's f16-cache reference (header), and the GPU's
+/// order alone max 0.82, mean 0.21 (README); the two add up to at most: top-1 at 56 of 60,
+/// max 2.5, mean 0.45. A wrong cache layout or scale is off by whole units and fails.
+#[test]
+fn cuda_q8_0_cache_teacher_forced_close_to_llama_cpp() {
+    teacher_forced("cuda_q8_0_cache", KvType::Q8_0, 4, 2.5, 0.45);
+}
+
+/// Teacher-forced comparison on a CUDA session with a `kv_type` cache: top-1 may differ at
+/// `top1_slack` positions, |logit error| at most `max_bound`, mean at most `mean_bound`.
+fn teacher_forced(test: &str, kv_type: KvType, top1_slack: usize, max_bound: f32, mean_bound: f64) {
+    let Some(mut session) = cuda_session_kv(test, 512, None, kv_type) else {
         return;
     };
     let cases = read_jsonl(&shared_dir().join("reference/smollm2/logits-top10.jsonl"));
@@ -118,21 +144,25 @@ fn cuda_teacher_forced_logits_close_to_llama_cpp() {
     }
     let mean = sum_err / n_err.max(1) as f64;
     eprintln!(
-        "cuda teacher-forced: {top1_same}/{positions} top-1 identical, |logit error| max {max_err:.4} mean {mean:.4}"
+        "cuda teacher-forced ({} cache): {top1_same}/{positions} top-1 identical, |logit error| max {max_err:.4} mean {mean:.4}",
+        kv_type.name()
     );
     assert!(
         positions >= 60,
         "only {positions} positions in the reference"
     );
     assert!(
-        top1_same + 2 >= positions,
+        top1_same + top1_slack >= positions,
         "top-1 identical at only {top1_same} of {positions} positions"
     );
     assert!(
-        max_err <= MAX_ERR,
-        "max |logit error| {max_err} > {MAX_ERR}"
+        max_err <= max_bound,
+        "max |logit error| {max_err} > {max_bound}"
     );
-    assert!(mean <= MEAN_ERR, "mean |logit error| {mean} > {MEAN_ERR}");
+    assert!(
+        mean <= mean_bound,
+        "mean |logit error| {mean} > {mean_bound}"
+    );
 }
 
 /// Greedy 32-token continuations of the 8 reference prompts, decoded step by step (the decode
@@ -272,4 +302,115 @@ fn cuda_session_allocates_what_the_plan_says() {
     let c = plan.cuda.expect("a CUDA plan reports device allocations");
     assert_eq!(c.kv_bytes, plan.report.kv_bytes);
     assert_eq!(c.arena_bytes, plan.report.arena_bytes);
+}
+
+/// SmolLM2 Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 tensors: the k-quant kernels and the Q8_K
+/// activation quantizer) on `--device cuda` against llama.cpp's outputs for that file
+/// (`tests/reference/smollm2-q4_k_m/`, see tests/tests/quant_reference.rs for how they were
+/// made). The model is `$EDGE_RUN_MODELS/SmolLM2-135M-Instruct.Q4_K_M.gguf` (default
+/// `models/`, made by scripts/make-quant-models.sh) and the reference directory
+/// `$EDGE_RUN_QUANT_REFS/smollm2-q4_k_m` (default `tests/reference/`); a missing model or no
+/// GPU skips with a message. Q4_K_M is the one k-quant file the GPU run carries (the transfer
+/// limit allows one more model); Q5_K_M and Q6_K use the same kernels (Q5_K/Q6_K/Q5_1 are in
+/// the kernel tests and the tiny whole-session test).
+///
+/// Teacher forcing as in quant_reference.rs (one token prefilled, then decode steps: the
+/// replayed decode graph, mat-vec kernels), plus a whole-prompt prefill per prompt compared at
+/// its last position (the token-tiled mat-mul kernels).
+///
+/// Bounds: the CPU backend measures top-1 97.8%, max |logit error| 1.244, mean 0.163 on this
+/// file (llama.cpp repacks Q4_K on x86 and adds in another order; quant_reference.rs), and the
+/// GPU's own order and flash attention moved the Q4_1 model from the CPU's bit-exact result to
+/// max 0.82, mean 0.21 (README, CUDA). So: top-1 >= 95% of positions, max <= 2.5 (twice the
+/// CPU's), mean <= 0.35 (the Q4_1 GPU bound). A wrong block layout or scale is off by whole
+/// units almost everywhere and fails all three.
+#[test]
+fn cuda_q4_k_m_teacher_forced_close_to_llama_cpp() {
+    use std::path::PathBuf;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let file = "SmolLM2-135M-Instruct.Q4_K_M.gguf";
+    let path = match std::env::var_os("EDGE_RUN_MODELS") {
+        Some(d) => PathBuf::from(d).join(file),
+        None => root.join("models").join(file),
+    };
+    let refs = match std::env::var_os("EDGE_RUN_QUANT_REFS") {
+        Some(d) => PathBuf::from(d),
+        None => root.join("tests/reference"),
+    }
+    .join("smollm2-q4_k_m");
+    match edge_engine::cuda::device_count() {
+        Ok(n) if n > 0 => {}
+        Ok(_) => {
+            eprintln!("cuda_q4_k_m: skipped: no CUDA device (the driver reports none)");
+            return;
+        }
+        Err(e) => {
+            eprintln!("cuda_q4_k_m: skipped: no CUDA device ({e})");
+            return;
+        }
+    }
+    if !path.exists() {
+        eprintln!(
+            "cuda_q4_k_m: skipped: {} missing (scripts/make-quant-models.sh Q4_K_M makes it; set EDGE_RUN_MODELS to its directory)",
+            path.display()
+        );
+        return;
+    }
+    let model = Arc::new(Model::load(&path).expect("loading the Q4_K_M model"));
+    let cfg = SessionConfig {
+        ctx: Some(256),
+        threads: Some(1),
+        device: Device::Cuda(0),
+        ..Default::default()
+    };
+    let mut session = Session::new(model, &cfg).expect("CUDA session for Q4_K_M");
+    let (mut positions, mut top1_same, mut max_err, mut sum_err, mut n_err) =
+        (0usize, 0usize, 0f32, 0f64, 0usize);
+    let mut score = |logits: &[f32], want: &serde_json::Value| {
+        let want = want.as_array().unwrap();
+        positions += 1;
+        if edge_engine::sampling::argmax(logits) as u64 == want[0][0].as_u64().unwrap() {
+            top1_same += 1;
+        }
+        for e in want {
+            let err =
+                (logits[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap() as f32).abs();
+            max_err = max_err.max(err);
+            sum_err += f64::from(err);
+            n_err += 1;
+        }
+    };
+    let cases = read_jsonl(&refs.join("logits-top10.jsonl"));
+    for case in &cases {
+        let prompt_ids = ids(&case["prompt_ids"]);
+        let top = case["top"].as_array().unwrap();
+        assert_eq!(top.len(), prompt_ids.len());
+        session.reset();
+        for (pos, want) in top.iter().enumerate() {
+            let logits = if pos == 0 {
+                session.prefill(&prompt_ids[..1]).unwrap()
+            } else {
+                session.step(prompt_ids[pos]).unwrap()
+            };
+            score(logits, want);
+        }
+        session.reset();
+        let logits = session.prefill(&prompt_ids).unwrap();
+        score(logits, top.last().unwrap());
+    }
+    let mean = sum_err / n_err.max(1) as f64;
+    eprintln!(
+        "cuda Q4_K_M teacher-forced: {top1_same}/{positions} top-1 identical, |logit error| max {max_err:.4} mean {mean:.4}"
+    );
+    assert!(
+        positions >= 300,
+        "only {positions} positions in {}",
+        refs.display()
+    );
+    assert!(
+        top1_same * 100 >= positions * 95,
+        "top-1 identical at only {top1_same} of {positions} positions"
+    );
+    assert!(max_err <= 2.5, "max |logit error| {max_err} > 2.5");
+    assert!(mean <= 0.35, "mean |logit error| {mean} > 0.35");
 }

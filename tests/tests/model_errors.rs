@@ -1106,8 +1106,8 @@ fn malformed_model_files_give_their_specific_errors() {
 }
 
 /// Which models the CUDA backend refuses, decided without a GPU: a head size its attention
-/// kernel lacks, or a weight type without CUDA kernels. The default device falls back to the
-/// CPU for such a model (`device_for`); an explicit `--device cuda` reports the reason.
+/// kernel lacks, or a weight type without CUDA kernels (none of the types the loader accepts
+/// since the k-quant and IQ4 kernels). The default device falls back to the CPU for such a model (`device_for`); an explicit `--device cuda` reports the reason.
 #[test]
 fn cuda_support_is_decided_from_the_model() {
     use edge_engine::device::cuda_unsupported;
@@ -1125,17 +1125,26 @@ fn cuda_support_is_decided_from_the_model() {
     };
     let m = load(&Parts::llama(d)).expect("loads");
     assert_eq!(cuda_unsupported(&m), None);
-    // A Q4_K tensor (CPU kernels only): refused, naming the tensor and its type.
-    let mut p = Parts::llama(d);
-    let t = p.tensor("blk.1.ffn_down.weight");
-    t.ty = GgmlType::Q4_K;
-    t.data = vec![0u8; 128 * 144];
-    let m = load(&p).expect("a Q4_K tensor loads on the CPU");
-    let reason = cuda_unsupported(&m).expect("Q4_K is refused");
-    assert!(
-        reason.contains("blk.1.ffn_down.weight") && reason.contains("--device cpu"),
-        "{reason}"
-    );
+    // Every weight type the loader accepts has CUDA kernels (the k-quants and IQ4 included): a
+    // model is refused for its head size only.
+    for (ty, block_bytes) in [
+        (GgmlType::Q5_0, 8 * 22),
+        (GgmlType::Q5_1, 8 * 24),
+        (GgmlType::IQ4_NL, 8 * 18),
+        (GgmlType::Q2_K, 84),
+        (GgmlType::Q3_K, 110),
+        (GgmlType::Q4_K, 144),
+        (GgmlType::Q5_K, 176),
+        (GgmlType::Q6_K, 210),
+        (GgmlType::IQ4_XS, 136),
+    ] {
+        let mut p = Parts::llama(d);
+        let t = p.tensor("blk.1.ffn_down.weight");
+        t.ty = ty;
+        t.data = vec![0u8; 128 * block_bytes]; // 128 rows of 256 values
+        let m = load(&p).expect("the tensor loads");
+        assert_eq!(cuda_unsupported(&m), None, "{ty}");
+    }
     // Without CUDA compiled in (or without a GPU) the default device is the CPU either way.
     if !edge_engine::device::cuda_compiled() {
         assert_eq!(

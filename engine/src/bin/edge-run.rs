@@ -932,20 +932,16 @@ fn generate(a: GenerateArgs) -> CliResult<u8> {
     let mut stream = StreamDecoder::new();
     let interrupted = interrupt_flag()?;
     let t_prompt = Instant::now();
-    // Greedy without penalties on a GPU: the argmax is taken on the device and only the token
-    // id comes back (the same token the sampler would pick: the first maximum).
-    let device_greedy = session.device().is_cuda() && a.temp <= 0.0 && a.repeat_penalty == 1.0;
+    // Session::sample: on a GPU the logits stay there (greedy: the device argmax; sampling:
+    // the device sampler, the CPU sampler's token for the same draw) and only the token id
+    // comes back, unless the settings need the logits on the host (a repetition penalty).
     let mut next_token = |session: &mut Session, tokens: &[u32]| -> CliResult<u32> {
-        if device_greedy {
-            session.advance(tokens).map_err(|e| e.to_string())?;
-            Ok(session.argmax().map_err(|e| e.to_string())?)
-        } else if tokens.len() == 1 && session.n_past() > 0 {
+        if tokens.len() == 1 && session.n_past() > 0 {
             // A generated token joins the penalty window before the next sample.
             sampler.accept(tokens[0]);
-            Ok(sampler.sample(session.step(tokens[0]).map_err(|e| e.to_string())?))
-        } else {
-            Ok(sampler.sample(session.prefill(tokens).map_err(|e| e.to_string())?))
         }
+        session.advance(tokens).map_err(|e| e.to_string())?;
+        Ok(session.sample(&mut sampler).map_err(|e| e.to_string())?)
     };
     let mut next = next_token(&mut session, &ids)?;
     let prompt_s = t_prompt.elapsed().as_secs_f64();

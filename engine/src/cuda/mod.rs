@@ -2,7 +2,7 @@
 //!
 //! Memory follows the plan: the arena is ONE device allocation of the planned size and every
 //! value lives at its planned offset; the KV cache is ONE allocation (the CPU layout,
-//! `[layer][k|v][pos][kv_dim]` f16); the weights are ONE device buffer (discrete GPUs) or the
+//! `[layer][k|v][pos][row]`, rows of f16 or q8_0); the weights are ONE device buffer (discrete GPUs) or the
 //! file mapping registered read-only / one managed buffer (integrated GPUs, see
 //! [`crate::device::choose_weight_path`]). Besides these, the backend owns the attention partials
 //! and a parameter block (position, token ids, argmax result) that kernels read, so that a decode
@@ -10,8 +10,10 @@
 //! per token after copying the token id and position into the parameter block.
 //!
 //! Every op is one or two kernel launches (engine/cuda/kernels.cu) on one stream. A run ends
-//! with a device argmax of the logits, so greedy decoding copies back one token id; the logits
-//! are copied to the host only when asked for ([`CudaExecutor::logits`]).
+//! with a device argmax of the logits, so greedy decoding copies back one token id, and
+//! [`CudaExecutor::sample`] samples (temperature, top-k, top-p, min-p) on the device and copies
+//! back one token id too: no logits copy per token unless asked for
+//! ([`CudaExecutor::logits`]). The KV cache is f16 or q8_0 rows (the CPU's layouts).
 //!
 //! Unsafe code here is limited to the driver's FFI (allocations, copies, registration) and
 //! kernel launches; each block states its invariant.
@@ -142,17 +144,23 @@ struct Kernels {
     rms_norm: CudaFunction,
     quantize_q8: CudaFunction,
     quantize_float: CudaFunction,
-    mmv: [CudaFunction; 3],
-    mmm: [CudaFunction; 3],
+    quantize_q8_k: CudaFunction,
+    /// Mat-vec (one token) kernels of the types of [`QUANT_MATMUL`], in its order.
+    mmv: Vec<CudaFunction>,
+    /// Mat-mul (token tiles of [`MMM_TILE`]) kernels of the types of [`QUANT_MATMUL`].
+    mmm: Vec<CudaFunction>,
     mm_float: CudaFunction,
     rope: CudaFunction,
     store_kv_f16: CudaFunction,
+    store_kv_q8_0: CudaFunction,
     attn_partial: CudaFunction,
+    attn_partial_q8: CudaFunction,
     attn_combine: CudaFunction,
     add: CudaFunction,
     swiglu: CudaFunction,
     copy_row: CudaFunction,
     argmax: CudaFunction,
+    sample_top_k: CudaFunction,
 }
 
 impl Kernels {
@@ -166,19 +174,84 @@ impl Kernels {
             rms_norm: f("rms_norm")?,
             quantize_q8: f("quantize_q8")?,
             quantize_float: f("quantize_float")?,
-            mmv: [f("mmv_q4_0")?, f("mmv_q4_1")?, f("mmv_q8_0")?],
-            mmm: [f("mmm_q4_0")?, f("mmm_q4_1")?, f("mmm_q8_0")?],
+            quantize_q8_k: f("quantize_q8_k")?,
+            mmv: QUANT_MATMUL
+                .iter()
+                .map(|(_, suffix)| f(&format!("mmv_{suffix}")))
+                .collect::<Result<_, _>>()?,
+            mmm: QUANT_MATMUL
+                .iter()
+                .map(|(_, suffix)| f(&format!("mmm_{suffix}")))
+                .collect::<Result<_, _>>()?,
             mm_float: f("mm_float")?,
             rope: f("rope")?,
             store_kv_f16: f("store_kv_f16")?,
+            store_kv_q8_0: f("store_kv_q8_0")?,
             attn_partial: f("attn_partial")?,
+            attn_partial_q8: f("attn_partial_q8")?,
             attn_combine: f("attn_combine")?,
             add: f("add_f32")?,
             swiglu: f("swiglu_f32")?,
             copy_row: f("copy_row")?,
             argmax: f("argmax_f32")?,
+            sample_top_k: f("sample_top_k")?,
         })
     }
+}
+
+/// The quantized weight types with integer (dp4a) matmul kernels, and the suffix of their kernel
+/// names (`mmv_<suffix>` for one token, `mmm_<suffix>` for token tiles, in kernels.cu). Other
+/// weight types (f32, f16, bf16) go to `mm_float`.
+pub(crate) const QUANT_MATMUL: [(GgmlType, &str); 12] = [
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
+    (GgmlType::Q2_K, "q2_k"),
+    (GgmlType::Q3_K, "q3_k"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
+];
+
+/// Index of `ty` in [`QUANT_MATMUL`] (`None`: not a quantized matmul type).
+pub(crate) fn quant_matmul_index(ty: GgmlType) -> Option<usize> {
+    QUANT_MATMUL.iter().position(|&(t, _)| t == ty)
+}
+
+/// Tokens per tile of the `mmm_*` kernels (`NT` of their instantiations in kernels.cu).
+pub(crate) const MMM_TILE: usize = 8;
+/// Weight rows per thread block of every matmul kernel (one warp per row, 128 threads).
+pub(crate) const MATMUL_ROWS_PER_BLOCK: usize = 4;
+
+/// Grid of a matmul launch (block: 128 threads) for `n_rows` weight rows and `n_tok` tokens:
+/// `x` covers the rows four at a time; `y` the token tiles (`mmm_*`: tiles of [`MMM_TILE`];
+/// `mmv_*`, used for one token: 1; `mm_float`: one token per block, `per_token_blocks`).
+pub(crate) fn matmul_grid(n_rows: usize, n_tok: usize, per_token_blocks: bool) -> (u32, u32) {
+    let x = n_rows.div_ceil(MATMUL_ROWS_PER_BLOCK) as u32;
+    let y = if per_token_blocks {
+        n_tok
+    } else if n_tok == 1 {
+        1
+    } else {
+        n_tok.div_ceil(MMM_TILE)
+    };
+    (x, y as u32)
+}
+
+/// Grid of `quantize_q8` / `quantize_q8_k` (block: 256 threads = 8 warps, one warp per block
+/// of `block_len` values) for `rows` rows of `cols` values.
+pub(crate) fn quantize_grid(rows: usize, cols: usize, block_len: usize) -> u32 {
+    (rows * (cols / block_len)).div_ceil(8) as u32
+}
+
+/// Grid of `store_kv_q8_0` (block: 256 threads = 8 warps, one warp per 32-value block) for
+/// `n_tokens` rows of keys and of values of `kv_dim` values.
+pub(crate) fn store_kv_q8_0_grid(n_tokens: usize, kv_dim: usize) -> u32 {
+    (n_tokens * 2 * (kv_dim / 32)).div_ceil(8) as u32
 }
 
 /// A kernel argument (the kernels' C types: pointers and `unsigned long long` as u64, `int`,
@@ -189,7 +262,12 @@ enum Arg {
     I32(i32),
     F32(f32),
     I64(i64),
+    F64(f64),
 }
+
+/// The largest top-k the device sampler takes (`SAMPLE_MAX_K` in kernels.cu: its candidate
+/// arrays live in shared memory); a larger one (or top-k off) samples on the host.
+pub const SAMPLE_MAX_TOP_K: usize = 1024;
 
 /// Index of the argmax result in the parameter block (i32 words). Mirrors `Params` in
 /// kernels.cu: [pos0, n_tokens, argmax, pad, tokens...].
@@ -205,6 +283,8 @@ pub struct CudaExecutor {
     kv: DeviceAlloc,
     partial: DeviceAlloc,
     params: DeviceAlloc,
+    /// The device sampler's result: token id and whether it used the random draw (2 i32s).
+    sample_out: DeviceAlloc,
     _weights: WeightsMem,
     /// Device address of each weight (indexed like `Model::weights`).
     wptr: Vec<u64>,
@@ -220,6 +300,8 @@ pub struct CudaExecutor {
     /// Device address and length of the logits of the last run.
     logits_src: (u64, usize),
     q8_flavour: i32,
+    /// The KV cache's element type (f16, or q8_0 blocks).
+    kv_type: KvType,
     ctx_len: usize,
     kv_dim: usize,
     decode_splits: usize,
@@ -248,12 +330,6 @@ impl CudaExecutor {
         weights: Option<WeightPath>,
     ) -> Result<CudaExecutor, String> {
         let p = &model.params;
-        if kv_type != KvType::F16 {
-            return Err(
-                "--kv-type q8_0 is not implemented on --device cuda yet; use --kv-type f16 (or --device cpu)"
-                    .into(),
-            );
-        }
         if let Some(reason) = crate::device::cuda_unsupported(model) {
             return Err(reason);
         }
@@ -288,6 +364,7 @@ impl CudaExecutor {
             false,
         )?;
         let params = DeviceAlloc::new(&ctx, device::params_bytes(ubatch), false)?;
+        let sample_out = DeviceAlloc::new(&ctx, 8, false)?;
         let kernels = crate::cpu::Kernels::detect();
         let q8_flavour = match kernels.q8_rounding() {
             crate::cpu::Q8Rounding::GgmlRef => 0,
@@ -307,6 +384,7 @@ impl CudaExecutor {
             kv,
             partial,
             params,
+            sample_out,
             _weights: weights_mem,
             wptr,
             host_params: vec![0; PARAM_TOKENS + ubatch],
@@ -316,6 +394,7 @@ impl CudaExecutor {
             spare: Mutex::new(None),
             logits_src: (0, 0),
             q8_flavour,
+            kv_type,
             ctx_len,
             kv_dim: p.kv_dim(),
             decode_splits: device::decode_attn_splits(ctx_len),
@@ -485,10 +564,22 @@ impl CudaExecutor {
                 Op::Quantize { x, out } => {
                     let (r, c) = (rows(out), cols(out));
                     match vals[out.0].ty {
+                        ValueType::Quantized(GgmlType::Q8_K) => self.launch(
+                            &self.k.quantize_q8_k,
+                            (quantize_grid(r, c, 256), 1),
+                            256,
+                            &[
+                                ptr(x),
+                                ptr(out),
+                                I32(r as i32),
+                                I32(c as i32),
+                                U64(vals[out.0].row_bytes() as u64),
+                            ],
+                        )?,
                         ValueType::Quantized(t @ (GgmlType::Q8_0 | GgmlType::Q8_1)) => self
                             .launch(
                                 &self.k.quantize_q8,
-                                (blocks(r * c / 32, 8), 1),
+                                (quantize_grid(r, c, 32), 1),
                                 256,
                                 &[
                                     ptr(x),
@@ -522,23 +613,16 @@ impl CudaExecutor {
                 Op::MatMul { weight, x, out } => {
                     let w = model.weight(weight);
                     let r = rows(out);
-                    let which = match w.ty {
-                        GgmlType::Q4_0 => Some(0),
-                        GgmlType::Q4_1 => Some(1),
-                        GgmlType::Q8_0 => Some(2),
-                        _ => None,
-                    };
-                    let grid_x = blocks(w.n_rows, 4);
-                    match which {
+                    match quant_matmul_index(w.ty) {
                         Some(i) => {
-                            let (f, gy) = if r == 1 {
-                                (&self.k.mmv[i], 1)
+                            let f = if r == 1 {
+                                &self.k.mmv[i]
                             } else {
-                                (&self.k.mmm[i], blocks(r, 8))
+                                &self.k.mmm[i]
                             };
                             self.launch(
                                 f,
-                                (grid_x, gy),
+                                matmul_grid(w.n_rows, r, false),
                                 128,
                                 &[
                                     U64(self.wptr[weight.0]),
@@ -551,9 +635,15 @@ impl CudaExecutor {
                                 ],
                             )?
                         }
+                        None if !matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) => {
+                            return Err(format!(
+                                "cuda: no matmul kernel for weights of type {}; use --device cpu",
+                                w.ty
+                            ))
+                        }
                         None => self.launch(
                             &self.k.mm_float,
-                            (grid_x, r as u32),
+                            matmul_grid(w.n_rows, r, true),
                             128,
                             &[
                                 U64(self.wptr[weight.0]),
@@ -592,20 +682,38 @@ impl CudaExecutor {
                         ],
                     )?
                 }
-                Op::StoreKv { k, v, layer } => self.launch(
-                    &self.k.store_kv_f16,
-                    (n as u32, 1),
-                    256,
-                    &[
-                        ptr(k),
-                        ptr(v),
-                        U64(self.kv.ptr),
-                        I32(layer as i32),
-                        I32(self.ctx_len as i32),
-                        I32(self.kv_dim as i32),
-                        params,
-                    ],
-                )?,
+                Op::StoreKv { k, v, layer } => match self.kv_type {
+                    KvType::F16 => self.launch(
+                        &self.k.store_kv_f16,
+                        (n as u32, 1),
+                        256,
+                        &[
+                            ptr(k),
+                            ptr(v),
+                            U64(self.kv.ptr),
+                            I32(layer as i32),
+                            I32(self.ctx_len as i32),
+                            I32(self.kv_dim as i32),
+                            params,
+                        ],
+                    )?,
+                    KvType::Q8_0 => self.launch(
+                        &self.k.store_kv_q8_0,
+                        (store_kv_q8_0_grid(n, self.kv_dim), 1),
+                        256,
+                        &[
+                            ptr(k),
+                            ptr(v),
+                            U64(self.kv.ptr),
+                            I32(layer as i32),
+                            I32(self.ctx_len as i32),
+                            I32(self.kv_dim as i32),
+                            I32(n as i32),
+                            I32(self.q8_flavour),
+                            params,
+                        ],
+                    )?,
+                },
                 Op::Attention {
                     q,
                     layer,
@@ -616,25 +724,26 @@ impl CudaExecutor {
                     out,
                 } => {
                     let splits = if n == 1 { self.decode_splits } else { 1 };
-                    self.launch(
-                        &self.k.attn_partial,
-                        ((n * n_head) as u32, splits as u32),
-                        32,
-                        &[
-                            ptr(q),
-                            U64(self.kv.ptr),
-                            U64(self.partial.ptr),
-                            I32(n_head as i32),
-                            I32(n_head_kv as i32),
-                            I32(head_dim as i32),
-                            I32(self.ctx_len as i32),
-                            I32(self.kv_dim as i32),
-                            I32(layer as i32),
-                            F32(scale),
-                            I32(splits as i32),
-                            params,
-                        ],
-                    )?;
+                    let f = match self.kv_type {
+                        KvType::F16 => &self.k.attn_partial,
+                        KvType::Q8_0 => &self.k.attn_partial_q8,
+                    };
+                    let args = [
+                        ptr(q),
+                        U64(self.kv.ptr),
+                        U64(self.partial.ptr),
+                        I32(n_head as i32),
+                        I32(n_head_kv as i32),
+                        I32(head_dim as i32),
+                        I32(self.ctx_len as i32),
+                        I32(self.kv_dim as i32),
+                        I32(layer as i32),
+                        F32(scale),
+                        I32(splits as i32),
+                        I32(self.q8_flavour), // the q8_0 cache's query quantizer
+                        params,
+                    ];
+                    self.launch(f, ((n * n_head) as u32, splits as u32), 32, &args)?;
                     self.launch(
                         &self.k.attn_combine,
                         ((n * n_head) as u32, 1),
@@ -712,6 +821,65 @@ impl CudaExecutor {
         Ok(v[0].max(0) as u32)
     }
 
+    /// Samples the last run's logits on the device as the CPU's `Sampler::sample` would with
+    /// settings `ds` and the uniform draw `uniform` (see [`crate::sampling::DeviceSampling`]);
+    /// copies back the token id and whether the draw was used, never the logits. Greedy
+    /// settings use the run's device argmax. `Err` names why (a top-k the kernel cannot take,
+    /// fewer logits than `ds.n`, a driver error).
+    pub fn sample(
+        &self,
+        ds: &crate::sampling::DeviceSampling,
+        uniform: f64,
+    ) -> Result<(u32, bool), String> {
+        let (src, len) = self.logits_src;
+        if ds.n != len {
+            return Err(format!(
+                "cuda sampler: {} of {len} logits asked for; sample on the host",
+                ds.n
+            ));
+        }
+        if ds.greedy {
+            return Ok((self.argmax()?, false));
+        }
+        if ds.top_k == 0 || ds.top_k > SAMPLE_MAX_TOP_K.min(len) {
+            return Err(format!(
+                "cuda sampler: top-k {} outside 1..={}; sample on the host",
+                ds.top_k,
+                SAMPLE_MAX_TOP_K.min(len)
+            ));
+        }
+        self.ctx.bind_to_thread().map_err(drv("bind"))?;
+        launch(
+            &self.stream,
+            &self.k.sample_top_k,
+            (1, 1),
+            1024,
+            &[
+                Arg::U64(src),
+                Arg::I32(len as i32),
+                Arg::I32(ds.top_k as i32),
+                Arg::F32(ds.temperature),
+                Arg::I32(i32::from(ds.top_p.is_some())),
+                Arg::F32(ds.top_p.unwrap_or(1.0)),
+                Arg::I32(i32::from(ds.ln_min_p.is_some())),
+                Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
+                Arg::F64(uniform),
+                Arg::U64(self.sample_out.ptr),
+            ],
+        )?;
+        let mut v = [0i32; 2];
+        // SAFETY: sample_out holds 2 i32s; the stream is synchronized before `v` is read.
+        unsafe { result::memcpy_dtoh_async(&mut v, self.sample_out.ptr, self.stream.cu_stream()) }
+            .map_err(drv("copy sample"))?;
+        self.stream.synchronize().map_err(drv("sample"))?;
+        Ok((v[0].max(0) as u32, v[1] != 0))
+    }
+
+    /// Number of logits of the last run (0 before any run).
+    pub fn logits_len(&self) -> usize {
+        self.logits_src.1
+    }
+
     /// The last run's logits, copied to the host on the first call after a run.
     pub fn logits(&self) -> Result<&[f32], String> {
         if let Some(v) = self.logits.get() {
@@ -773,6 +941,7 @@ fn launch(
             Arg::I32(x) => b.arg(x),
             Arg::F32(x) => b.arg(x),
             Arg::I64(x) => b.arg(x),
+            Arg::F64(x) => b.arg(x),
         };
     }
     // SAFETY: every call site passes exactly the kernel's parameters, in order and with its C

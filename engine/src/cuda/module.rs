@@ -124,28 +124,87 @@ pub fn load(ctx: &Arc<CudaContext>) -> Result<(Arc<CudaModule>, String), String>
 /// Last resort: compiles the embedded source with NVRTC (loaded dynamically; absent on many
 /// machines, so every failure is an error message, never a panic).
 fn nvrtc(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>, String> {
+    let ptx = nvrtc_ptx()?;
+    ctx.load_module(ptx).map_err(|e| e.to_string())
+}
+
+/// Directories that hold CUDA's `cuda_fp16.h` (NVRTC does not ship it): `$CUDA_HOME/include`,
+/// `$CUDA_PATH/include`, /usr/local/cuda/include, and scripts/install-nvcc.sh's prefix.
+fn cuda_include_dirs() -> Vec<String> {
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(d) = std::env::var_os(var) {
+            dirs.push(std::path::PathBuf::from(d).join("include"));
+        }
+    }
+    dirs.push("/usr/local/cuda/include".into());
+    let prefix = std::env::var_os("EDGE_RUN_CUDA_PREFIX")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::Path::new(&h).join(".cache/edge-run/cuda-13.0"))
+        });
+    if let Some(p) = prefix {
+        dirs.push(p.join("nvidia/cu13/include"));
+    }
+    dirs.into_iter()
+        .filter(|d| d.join("cuda_fp16.h").is_file())
+        .map(|d| d.display().to_string())
+        .collect()
+}
+
+/// The embedded source compiled to compute_80 PTX by NVRTC (needs libnvrtc, no GPU).
+fn nvrtc_ptx() -> Result<Ptx, String> {
     // SAFETY: only tries to dlopen the library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err("libnvrtc not found".into());
     }
-    // NVRTC has no <stdint.h>; the kernels need only these.
+    // NVRTC has no <stdint.h>; the kernels need only these (<string.h> is skipped under
+    // __CUDACC_RTC__ in the source).
     let src = SOURCE.replace(
         "#include <stdint.h>",
         "typedef unsigned char uint8_t; typedef signed char int8_t; typedef unsigned short uint16_t; typedef unsigned int uint32_t;",
     );
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some("compute_80"),
+        include_paths: cuda_include_dirs(),
         ..Default::default()
     };
-    let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
+    std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
         .map_err(|_| "NVRTC panicked".to_string())?
-        .map_err(|e| e.to_string())?;
-    ctx.load_module(ptx).map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last-resort image: NVRTC compiles the embedded source (no GPU needed; skips
+    /// without libnvrtc, e.g. pip's nvidia-cuda-nvrtc on LD_LIBRARY_PATH provides it, or
+    /// without CUDA headers).
+    #[test]
+    fn nvrtc_compiles_the_embedded_source() {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("nvrtc: skipped: libnvrtc not found");
+            return;
+        }
+        if cuda_include_dirs().is_empty() {
+            eprintln!("nvrtc: skipped: no CUDA headers (cuda_fp16.h) found");
+            return;
+        }
+        let ptx = nvrtc_ptx().expect("NVRTC compiles kernels.cu");
+        let text = ptx.to_src();
+        for kernel in [
+            "mmv_q4_k",
+            "mmm_iq4_xs",
+            "quantize_q8_k",
+            "attn_partial_q8",
+            "sample_top_k",
+        ] {
+            assert!(text.contains(kernel), "{kernel} missing from the NVRTC PTX");
+        }
+    }
 
     #[test]
     fn image_choice() {
