@@ -102,6 +102,8 @@ pub enum Op {
         x: ValueId,
         head_dim: usize,
         rope: Rope,
+        /// Per-frequency divisors (n_rot / 2 f32 values, Llama 3's `rope_freqs.weight`).
+        freq_factors: Option<WeightId>,
         out: ValueId,
     },
     /// Writes rows of k and v (already rotated) into the KV cache of `layer` at pos0 + t.
@@ -120,6 +122,10 @@ pub enum Op {
         n_head_kv: usize,
         head_dim: usize,
         scale: f32,
+        /// Sliding window: row t sees only positions pos0 + t - window + 1 ..= pos0 + t.
+        window: Option<usize>,
+        /// Scores become `cap * tanh(score / cap)` before scaling and the softmax.
+        softcap: Option<f32>,
         out: ValueId,
     },
     /// out = a + b.
@@ -136,6 +142,41 @@ pub enum Op {
     },
     /// out[0] = x[n_tokens - 1]: only the last position goes on to the output head.
     TakeLast { x: ValueId, out: ValueId },
+    /// out[t] = x[t] + bias (a vector of `cols` f32).
+    AddBias {
+        x: ValueId,
+        bias: WeightId,
+        out: ValueId,
+    },
+    /// RMSNorm of each head (`head_dim` values) of each row, times `weight` (head_dim values).
+    HeadRmsNorm {
+        x: ValueId,
+        weight: WeightId,
+        eps: f32,
+        head_dim: usize,
+        out: ValueId,
+    },
+    /// out = x * factor.
+    Scale {
+        x: ValueId,
+        factor: f32,
+        out: ValueId,
+    },
+    /// out = cap * tanh(x / cap).
+    SoftCap { x: ValueId, cap: f32, out: ValueId },
+    /// out = gelu(gate) * up, GELU as ggml computes it (tanh approximation through an f16
+    /// table).
+    GeGlu {
+        gate: ValueId,
+        up: ValueId,
+        out: ValueId,
+    },
+    /// out[t] = x[t][start..start + out.cols]: a column range (one part of a fused projection).
+    Columns {
+        x: ValueId,
+        start: usize,
+        out: ValueId,
+    },
 }
 
 impl Op {
@@ -147,7 +188,13 @@ impl Op {
             | Op::Quantize { x, .. }
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
-            | Op::TakeLast { x, .. } => vec![x],
+            | Op::TakeLast { x, .. }
+            | Op::AddBias { x, .. }
+            | Op::HeadRmsNorm { x, .. }
+            | Op::Scale { x, .. }
+            | Op::SoftCap { x, .. }
+            | Op::Columns { x, .. } => vec![x],
+            Op::GeGlu { gate, up, .. } => vec![gate, up],
             Op::StoreKv { k, v, .. } => vec![k, v],
             Op::Attention { q, .. } => vec![q],
             // x + x would read the aliased input twice: planned apart.
@@ -168,13 +215,19 @@ impl Op {
             | Op::Attention { out, .. }
             | Op::Add { out, .. }
             | Op::SwiGlu { out, .. }
-            | Op::TakeLast { out, .. } => Some(out),
+            | Op::TakeLast { out, .. }
+            | Op::AddBias { out, .. }
+            | Op::HeadRmsNorm { out, .. }
+            | Op::Scale { out, .. }
+            | Op::SoftCap { out, .. }
+            | Op::GeGlu { out, .. }
+            | Op::Columns { out, .. } => Some(out),
             Op::StoreKv { .. } => None,
         }
     }
 
     /// Inputs the op may overwrite with its output, when the input dies at this op: the
-    /// elementwise ops (`Add`, `SwiGlu`), which read each element before writing the same
+    /// elementwise ops (`Add`, `SwiGlu`, `GeGlu`, `AddBias`, `Scale`, `SoftCap`), which read each element before writing the same
     /// element. The planner then gives the output the input's offset (see
     /// [`edge_arena::plan_with_inplace`]).
     pub fn inplace_inputs(&self) -> Vec<ValueId> {
@@ -182,7 +235,8 @@ impl Op {
             // x + x would read the aliased input twice: planned apart.
             Op::Add { a, b, .. } if a == b => vec![],
             Op::Add { a, b, .. } => vec![a, b],
-            Op::SwiGlu { gate, .. } => vec![gate],
+            Op::SwiGlu { gate, .. } | Op::GeGlu { gate, .. } => vec![gate],
+            Op::AddBias { x, .. } | Op::Scale { x, .. } | Op::SoftCap { x, .. } => vec![x],
             _ => vec![],
         }
     }
@@ -200,6 +254,12 @@ impl Op {
             Op::Add { .. } => "add",
             Op::SwiGlu { .. } => "swiglu",
             Op::TakeLast { .. } => "take_last",
+            Op::AddBias { .. } => "add_bias",
+            Op::HeadRmsNorm { .. } => "head_rms_norm",
+            Op::Scale { .. } => "scale",
+            Op::SoftCap { .. } => "soft_cap",
+            Op::GeGlu { .. } => "geglu",
+            Op::Columns { .. } => "columns",
         }
     }
 }
