@@ -56,12 +56,15 @@ fn session(model: &Arc<Model>, ubatch: Option<usize>) -> Session {
 }
 
 /// Teacher-forced logits, token by token, against llama.cpp's top 10 per position; then the
-/// last position again after a whole-prompt prefill (one ubatch) and a chunked one (ubatches
-/// of 3: sliding-window ring buffers wrap mid-ubatch).
+/// last position again after a whole-prompt prefill (one ubatch, sliding-window layers then
+/// hold the whole context) and a chunked one (ubatches of 3: the ring buffers of the
+/// sliding-window layers, window + 3 rows, wrap mid-ubatch). Token by token, the ring buffers
+/// have window + 4 rows and wrap every few tokens of the 31-52 token prompts.
 fn teacher_forced(name: &str) {
     let model = model(name);
     let cases = read_jsonl(&reference_dir(name).join("logits.jsonl"));
-    let mut sess = session(&model, None);
+    let mut sess = session(&model, Some(4));
+    let mut whole = session(&model, None);
     let mut chunked = session(&model, Some(3));
     let (mut positions, mut agree, mut max_diff) = (0usize, 0usize, 0.0f32);
     for case in &cases {
@@ -98,7 +101,7 @@ fn teacher_forced(name: &str) {
             agree += usize::from(compare(logits, pos, &mut max_diff));
         }
         let last = prompt.len() - 1;
-        for s in [&mut sess, &mut chunked] {
+        for s in [&mut whole, &mut chunked] {
             s.reset();
             let logits = s.prefill(&prompt).unwrap().to_vec();
             assert!(
@@ -124,7 +127,7 @@ fn teacher_forced(name: &str) {
 fn greedy_matches(name: &str) {
     let model = model(name);
     let cases = read_jsonl(&reference_dir(name).join("greedy.jsonl"));
-    let mut sess = session(&model, None);
+    let mut sess = session(&model, Some(4));
     for case in &cases {
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["ids"]);
@@ -166,4 +169,76 @@ fn every_synthetic_model_has_a_reference() {
             "{name}: no reference"
         );
     }
+}
+
+/// Sliding-window layers hold min(ctx, window + ubatch) KV rows, and the plan (what
+/// `edge-run plan` prints and `--mem-budget` charges) counts exactly that; other models keep
+/// ctx rows per layer.
+#[test]
+fn plan_charges_sliding_window_layers_only_their_window() {
+    use edge_engine::session::SessionPlan;
+    let window = edge_tests::synth::WINDOW as usize;
+    // (model, layers, sliding-window layers): Gemma 2 alternates (layers 0 and 2 of 4),
+    // Gemma 3 has five local layers to one global (layers 0-4 of 6), Qwen2 none.
+    for (name, n_layer, n_swa) in [("gemma2", 4, 2), ("gemma3", 6, 5), ("qwen2", 3, 0)] {
+        let model = model(name);
+        let row = 2 * model.params.kv_dim(); // f16
+        for (ctx, ubatch) in [(256usize, 16usize), (256, 512), (12, 4), (64, 1)] {
+            let cfg = SessionConfig {
+                ctx: Some(ctx),
+                ubatch: Some(ubatch),
+                threads: Some(1),
+                ..Default::default()
+            };
+            let plan = SessionPlan::new(&model, &cfg).unwrap();
+            let ubatch = ubatch.min(ctx);
+            let swa_rows = ctx.min(window + ubatch);
+            let want = 2 * row * ((n_layer - n_swa) * ctx + n_swa * swa_rows);
+            assert_eq!(
+                plan.report.kv_bytes, want as u64,
+                "{name} ctx {ctx} ubatch {ubatch}"
+            );
+            assert_eq!(plan.demand().kv, want as u64);
+        }
+    }
+}
+
+/// A context shift would re-rotate keys over a cache laid out by position: refused, with the
+/// fix, for models with sliding-window layers or rope frequency factors.
+#[test]
+fn context_shift_is_refused_where_it_cannot_work() {
+    for name in ["gemma2", "gemma3", "llama3"] {
+        let model = model(name);
+        let mut s = session(&model, Some(4));
+        s.prefill(&[1, 2, 3, 4, 5, 6]).unwrap();
+        let e = s.shift_context(1, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("context shift is not supported") && e.contains("--ctx"),
+            "{name}: {e}"
+        );
+        assert_eq!(s.n_past(), 6, "{name}: nothing was dropped");
+    }
+    // Phi-3 (partial rotary, one rope) shifts.
+    let model = model("phi3");
+    let mut s = session(&model, Some(4));
+    s.prefill(&[1, 2, 3, 4, 5, 6]).unwrap();
+    s.shift_context(1, 2).unwrap();
+    assert_eq!(s.n_past(), 4);
+}
+
+/// The CUDA backend runs the llama architecture only: every other one goes to the CPU (the
+/// default device logs why; `--device cuda` reports it). Decided without a GPU.
+#[test]
+fn cuda_refuses_the_new_architectures() {
+    use edge_engine::device::cuda_unsupported;
+    for name in ["qwen2", "qwen3", "phi3", "gemma2", "gemma3"] {
+        let model = model(name);
+        let reason = cuda_unsupported(&model).unwrap_or_else(|| panic!("{name} accepted"));
+        assert!(
+            reason.contains(&model.params.arch) && reason.contains("--device cpu"),
+            "{reason}"
+        );
+    }
+    let reason = cuda_unsupported(&model("llama3")).expect("rope factors refused");
+    assert!(reason.contains("rope_freqs"), "{reason}");
 }

@@ -106,6 +106,17 @@ pub fn bind_weights(
     } else {
         token_embd
     };
+    // Phi-3's long-context variants switch between two factor sets by context length, with an
+    // attention factor: not implemented, and running without them would be silently wrong.
+    if let Some(t) = ["rope_factors_long.weight", "rope_factors_short.weight"]
+        .into_iter()
+        .find(|t| g.tensor(t).is_some())
+    {
+        return Err(crate::error::EngineError::Metadata {
+            key: t.into(),
+            problem: "long-context rope factors (Phi-3 128k \"longrope\") are not supported yet; use a 4k-context variant of the model".into(),
+        });
+    }
     let rope_freqs = if g.tensor("rope_freqs.weight").is_some() {
         Some(bind(
             g,
