@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use edge_engine::exec::KvType;
 use edge_engine::gguf::Gguf;
 use edge_engine::model::Model;
 use edge_engine::sampling::argmax;
@@ -43,13 +44,18 @@ fn model(name: &str) -> Arc<Model> {
 }
 
 fn session(model: &Arc<Model>, ubatch: Option<usize>) -> Session {
+    session_with(model, ubatch, &SessionConfig::default())
+}
+
+/// A session of `base`'s attention settings with a 256-token context, one thread and `ubatch`.
+fn session_with(model: &Arc<Model>, ubatch: Option<usize>, base: &SessionConfig) -> Session {
     Session::new(
         model.clone(),
         &SessionConfig {
             ctx: Some(256),
             ubatch,
             threads: Some(1),
-            ..Default::default()
+            ..base.clone()
         },
     )
     .unwrap()
@@ -61,11 +67,28 @@ fn session(model: &Arc<Model>, ubatch: Option<usize>) -> Session {
 /// sliding-window layers, window + 3 rows, wrap mid-ubatch). Token by token, the ring buffers
 /// have window + 4 rows and wrap every few tokens of the 31-52 token prompts.
 fn teacher_forced(name: &str) {
+    let (agree, positions, max_diff) = teacher_forced_with(name, &SessionConfig::default());
+    eprintln!(
+        "{name}: top-1 agrees at {agree}/{positions} positions; top-10 logits within {max_diff:.4}"
+    );
+    assert!(
+        agree * 100 >= positions * 99,
+        "{name}: top-1 agrees at only {agree} of {positions} positions"
+    );
+    assert!(
+        max_diff <= LOGIT_TOLERANCE,
+        "{name}: logits differ by up to {max_diff} (tolerance {LOGIT_TOLERANCE})"
+    );
+}
+
+/// [`teacher_forced`]'s comparison under the attention settings of `base`: (positions whose
+/// top-1 agrees, positions, largest top-10 logit difference).
+fn teacher_forced_with(name: &str, base: &SessionConfig) -> (usize, usize, f32) {
     let model = model(name);
     let cases = read_jsonl(&reference_dir(name).join("logits.jsonl"));
-    let mut sess = session(&model, Some(4));
-    let mut whole = session(&model, None);
-    let mut chunked = session(&model, Some(3));
+    let mut sess = session_with(&model, Some(4), base);
+    let mut whole = session_with(&model, None, base);
+    let mut chunked = session_with(&model, Some(3), base);
     let (mut positions, mut agree, mut max_diff) = (0usize, 0usize, 0.0f32);
     for case in &cases {
         let prompt = ids(&case["prompt_ids"]);
@@ -104,23 +127,41 @@ fn teacher_forced(name: &str) {
         for s in [&mut whole, &mut chunked] {
             s.reset();
             let logits = s.prefill(&prompt).unwrap().to_vec();
-            assert!(
-                compare(&logits, last, &mut max_diff),
-                "{name}: prefill top-1 differs"
-            );
+            positions += 1;
+            agree += usize::from(compare(&logits, last, &mut max_diff));
         }
     }
-    eprintln!(
-        "{name}: top-1 agrees at {agree}/{positions} positions; top-10 logits within {max_diff:.4}"
-    );
-    assert!(
-        agree * 100 >= positions * 99,
-        "{name}: top-1 agrees at only {agree} of {positions} positions"
-    );
-    assert!(
-        max_diff <= LOGIT_TOLERANCE,
-        "{name}: logits differ by up to {max_diff} (tolerance {LOGIT_TOLERANCE})"
-    );
+    (agree, positions, max_diff)
+}
+
+/// The tiled (online-softmax) attention, with an f16 cache (`--flash-attn`) or a q8_0 one,
+/// applies the sliding window and the soft-cap too: it stays close to llama.cpp's exact
+/// (non-flash, f16) reference.
+#[test]
+fn tiled_attention_and_q8_0_cache_stay_close() {
+    for kv_type in [KvType::F16, KvType::Q8_0] {
+        for name in ["gemma2", "gemma3", "qwen3"] {
+            let cfg = SessionConfig {
+                flash_attn: true,
+                kv_type,
+                ..Default::default()
+            };
+            let (agree, positions, max_diff) = teacher_forced_with(name, &cfg);
+            eprintln!(
+                "{name} tiled, {} cache: top-1 {agree}/{positions}, top-10 logits within {max_diff:.4}",
+                kv_type.name()
+            );
+            let (min_agree, tolerance) = match kv_type {
+                KvType::F16 => (99, LOGIT_TOLERANCE),
+                KvType::Q8_0 => (95, 0.5),
+            };
+            assert!(
+                agree * 100 >= positions * min_agree,
+                "{name} {kv_type:?}: {agree}/{positions}"
+            );
+            assert!(max_diff <= tolerance, "{name} {kv_type:?}: {max_diff}");
+        }
+    }
 }
 
 /// Greedy continuations token for token.
@@ -241,4 +282,34 @@ fn cuda_refuses_the_new_architectures() {
     }
     let reason = cuda_unsupported(&model("llama3")).expect("rope factors refused");
     assert!(reason.contains("rope_freqs"), "{reason}");
+}
+
+/// Phi-3's long-context variants (`rope_factors_long`/`_short`, "longrope") are refused at
+/// load with the fix, not run without their factors.
+#[test]
+fn phi3_longrope_factors_are_refused() {
+    let bytes = make_arch_model("phi3", donor()).unwrap();
+    let g = Gguf::from_bytes(bytes).unwrap();
+    let mut w = edge_engine::gguf::GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.add(k, v.clone());
+    }
+    for t in g.tensors() {
+        w.add_tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec());
+    }
+    let n = (model("phi3").params.rope.n_rot / 2) as u64;
+    let ones: Vec<u8> = (0..n).flat_map(|_| 1.0f32.to_le_bytes()).collect();
+    w.add_tensor(
+        "rope_factors_long.weight",
+        &[n],
+        edge_engine::tensor::GgmlType::F32,
+        ones,
+    );
+    let e = Model::from_gguf(Gguf::from_bytes(w.to_bytes()).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rope_factors_long") && e.contains("not supported"),
+        "{e}"
+    );
 }
