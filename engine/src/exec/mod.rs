@@ -279,14 +279,33 @@ impl KvCache {
         self.kv_dim
     }
 
+    /// Where `layer` lives, for loops over positions: (byte offset of its key row 0, of its
+    /// value row 0, its number of rows). Position p is in row [`ring_slot`]`(p, rows)`.
+    #[inline(always)]
+    fn layer_span(&self, layer: usize) -> (usize, usize, usize) {
+        let rows = self.layer_rows[layer];
+        let base = self.layer_base[layer];
+        (base, base + rows * self.row_bytes, rows)
+    }
+
     /// Byte offset of the row of position `pos` in the keys (v = false) or values (v = true)
     /// of `layer` (row pos % rows of a ring layer).
     #[inline(always)]
     fn row_offset(&self, layer: usize, v: bool, pos: usize) -> usize {
         debug_assert!(layer < self.n_layer && pos < self.ctx);
         let rows = self.layer_rows[layer];
-        let slot = if pos < rows { pos } else { pos % rows };
-        self.layer_base[layer] + (usize::from(v) * rows + slot) * self.row_bytes
+        self.layer_base[layer] + (usize::from(v) * rows + ring_slot(pos, rows)) * self.row_bytes
+    }
+}
+
+/// The row of position `pos` in a layer of `rows` rows: `pos` itself while it fits (every
+/// position of a full layer), else `pos % rows` (a sliding-window ring).
+#[inline(always)]
+fn ring_slot(pos: usize, rows: usize) -> usize {
+    if pos < rows {
+        pos
+    } else {
+        pos % rows
     }
 }
 
@@ -527,6 +546,49 @@ mod shift_tests {
                 }
             }
         }
+    }
+
+    /// A layer with fewer rows than the context is a ring: position p lands in row p % rows,
+    /// overwriting p - rows; full layers keep every position; the bytes are the sum of the
+    /// layers'.
+    #[test]
+    fn ring_layers_keep_the_last_rows() {
+        let kernels = Kernels::detect();
+        let (ctx, ring) = (16usize, 5usize);
+        let mut kv = KvCache::with_layer_rows(&[ctx, ring], ctx, KV_DIM, KvType::F16).unwrap();
+        assert_eq!(kv.bytes(), 2 * (ctx + ring) * KV_DIM * 2);
+        assert_eq!(
+            KvCache::bytes_for_rows(&[ctx, ring], KV_DIM, KvType::F16),
+            Some(kv.bytes())
+        );
+        assert!(!kv.is_full());
+        let row = |p: usize, v: bool| vec![p as f32 + if v { 0.5 } else { 0.0 }; KV_DIM];
+        for p in 0..ctx {
+            for l in 0..2 {
+                for v in [false, true] {
+                    kv.write_row(l, v, p, &row(p, v), &kernels).unwrap();
+                }
+            }
+        }
+        let mut out = vec![0.0; KV_DIM];
+        for p in 0..ctx {
+            for v in [false, true] {
+                kv.read_row(0, v, p, &mut out).unwrap();
+                assert_eq!(out, row(p, v), "full layer, position {p}");
+                kv.read_row(1, v, p, &mut out).unwrap();
+                // The ring holds the last `ring` positions; row p % ring holds the latest of them.
+                let latest = ctx - 1 - (ctx - 1 - p) % ring;
+                let want = if p + ring >= ctx { p } else { latest };
+                assert_eq!(out, row(want, v), "ring layer, position {p}");
+            }
+        }
+        let mut tmp = vec![0.0; 2 * KV_DIM];
+        let e = kv
+            .shift(ctx, 0, 2, HEAD_DIM, ropes()[0], &kernels, &mut tmp)
+            .unwrap_err();
+        assert!(e.contains("sliding-window"), "{e}");
+        assert!(KvCache::with_layer_rows(&[0], ctx, KV_DIM, KvType::F16).is_err());
+        assert!(KvCache::with_layer_rows(&[ctx + 1], ctx, KV_DIM, KvType::F16).is_err());
     }
 
     #[test]
@@ -1212,6 +1274,8 @@ impl OpCtx<'_> {
         } = a;
         let group = n_head / n_head_kv;
         let head_bytes = self.kv.row_bytes / n_head_kv;
+        let rb = self.kv.row_bytes;
+        let (k_base, v_base, rows) = self.kv.layer_span(layer);
         let scratch = self.scratch();
         let (acc, rest) = scratch.split_at_mut(head_dim);
         let (vtmp, _) = rest.split_at_mut(head_dim);
@@ -1236,7 +1300,7 @@ impl OpCtx<'_> {
                 let krow = unsafe {
                     self.kv
                         .mem
-                        .slice::<u8>(self.kv.row_offset(layer, false, p), self.kv.row_bytes)
+                        .slice::<u8>(k_base + ring_slot(p, rows) * rb, rb)
                 };
                 let k = &krow[kvh * head_bytes..(kvh + 1) * head_bytes];
                 let dot = if quantized {
@@ -1262,7 +1326,7 @@ impl OpCtx<'_> {
                 let vrow = unsafe {
                     self.kv
                         .mem
-                        .slice::<u8>(self.kv.row_offset(layer, true, p), self.kv.row_bytes)
+                        .slice::<u8>(v_base + ring_slot(p, rows) * rb, rb)
                 };
                 let _ = cpu::dequantize_row(
                     self.kv.ty.ggml_type(),
@@ -1322,6 +1386,8 @@ impl OpCtx<'_> {
         let width = if batch { LANES } else { STEP_LANES };
         let kv_dim = self.kv.kv_dim;
         let ctx = self.kv.ctx;
+        let rb = self.kv.row_bytes;
+        let (k_base, v_base, rows) = self.kv.layer_span(layer);
         let scratch = self.scratch();
         let (scores, rest) = scratch.split_at_mut(ctx);
         let (qh, rest) = rest.split_at_mut(head_dim);
@@ -1348,7 +1414,7 @@ impl OpCtx<'_> {
                 let krow = unsafe {
                     self.kv
                         .mem
-                        .slice::<f16>(self.kv.row_offset(layer, false, p), kv_dim)
+                        .slice::<f16>(k_base + ring_slot(p, rows) * rb, kv_dim)
                 };
                 let k = &krow[kvh * head_dim..(kvh + 1) * head_dim];
                 let dot = if batch {
@@ -1381,7 +1447,7 @@ impl OpCtx<'_> {
                 let vrow = unsafe {
                     self.kv
                         .mem
-                        .slice::<f16>(self.kv.row_offset(layer, true, p), kv_dim)
+                        .slice::<f16>(v_base + ring_slot(p, rows) * rb, kv_dim)
                 };
                 let slot = i % width;
                 let acc = &mut accs[slot * head_dim..(slot + 1) * head_dim];
