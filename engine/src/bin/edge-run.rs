@@ -848,6 +848,10 @@ fn generate(a: GenerateArgs) -> CliResult<u8> {
     }
     let mut shifting = false;
     if a.ctx_shift {
+        // Refused up front rather than when the context fills mid-generation.
+        if let Some(reason) = model.context_shift_unsupported() {
+            return Err(CliError::usage(format!("--ctx-shift: {reason}")));
+        }
         let keep = match a.keep {
             Some(n) => n.min(ids.len()),
             None => default_keep(tok, &ids, &text, system_text.as_deref()),
