@@ -329,7 +329,7 @@ mod tests {
         );
         assert_eq!(
             super::sha256_hex(b"abc"),
-            "ba7816bf8f01cfea414140de5d0ae2223b00361a396177850942be9d59b9b23f"
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }
 }
