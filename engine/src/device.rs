@@ -82,6 +82,21 @@ pub fn cuda_unsupported(model: &crate::model::Model) -> Option<String> {
             p.arch
         ));
     }
+    if p.arch != "llama" {
+        return Some(format!(
+            "the CUDA backend runs the llama architecture only (this model is {}); use --device cpu",
+            p.arch
+        ));
+    }
+    match &model.layout {
+        crate::model::Layout::Decoder(w) if w.rope_freqs.is_some() => {
+            return Some(
+                "the CUDA backend has no rope frequency factors (rope_freqs.weight); use --device cpu"
+                    .into(),
+            );
+        }
+        _ => {}
+    }
     if p.head_dim % 32 != 0 || p.head_dim > 256 || p.n_head % p.n_head_kv != 0 {
         return Some(format!(
             "the CUDA attention kernel needs a head size that is a multiple of 32 up to 256 (this model's is {}); use --device cpu",

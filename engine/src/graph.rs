@@ -144,6 +144,8 @@ pub enum Op {
         x: ValueId,
         head_dim: usize,
         rope: Rope,
+        /// Per-frequency divisors (n_rot / 2 f32 values, Llama 3's `rope_freqs.weight`).
+        freq_factors: Option<WeightId>,
         out: ValueId,
     },
     /// Writes rows of k and v (already rotated) into the KV cache of `layer` at pos0 + t.
@@ -162,6 +164,10 @@ pub enum Op {
         n_head_kv: usize,
         head_dim: usize,
         scale: f32,
+        /// Sliding window: row t sees only positions pos0 + t - window + 1 ..= pos0 + t.
+        window: Option<usize>,
+        /// Scores become `cap * tanh(score / cap)` before scaling and the softmax.
+        softcap: Option<f32>,
         out: ValueId,
     },
     /// out = a + b.
@@ -194,7 +200,7 @@ pub enum Op {
         eps: f32,
         out: ValueId,
     },
-    /// out[t] = x[t] + bias (an f32 vector), per row.
+    /// out[t] = x[t] + bias (a vector of `cols` f32).
     AddBias {
         x: ValueId,
         bias: WeightId,
@@ -220,6 +226,35 @@ pub enum Op {
         pooling: Pooling,
         out: ValueId,
     },
+    /// RMSNorm of each head (`head_dim` values) of each row, times `weight` (head_dim values).
+    HeadRmsNorm {
+        x: ValueId,
+        weight: WeightId,
+        eps: f32,
+        head_dim: usize,
+        out: ValueId,
+    },
+    /// out = x * factor.
+    Scale {
+        x: ValueId,
+        factor: f32,
+        out: ValueId,
+    },
+    /// out = cap * tanh(x / cap).
+    SoftCap { x: ValueId, cap: f32, out: ValueId },
+    /// out = gelu(gate) * up, GELU as ggml computes it (tanh approximation through an f16
+    /// table).
+    GeGlu {
+        gate: ValueId,
+        up: ValueId,
+        out: ValueId,
+    },
+    /// out[t] = x[t][start..start + out.cols]: a column range (one part of a fused projection).
+    Columns {
+        x: ValueId,
+        start: usize,
+        out: ValueId,
+    },
 }
 
 impl Op {
@@ -232,12 +267,17 @@ impl Op {
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
             | Op::TakeLast { x, .. }
+            | Op::AddBias { x, .. }
+            | Op::HeadRmsNorm { x, .. }
+            | Op::Scale { x, .. }
+            | Op::SoftCap { x, .. }
+            | Op::Columns { x, .. }
             | Op::AddTableRow { x, .. }
             | Op::LayerNorm { x, .. }
-            | Op::AddBias { x, .. }
             | Op::Gelu { x, .. }
             | Op::Pool { x, .. } => vec![x],
             Op::EncoderAttention { q, k, v, .. } => vec![q, k, v],
+            Op::GeGlu { gate, up, .. } => vec![gate, up],
             Op::StoreKv { k, v, .. } => vec![k, v],
             Op::Attention { q, .. } => vec![q],
             // x + x would read the aliased input twice: planned apart.
@@ -259,9 +299,14 @@ impl Op {
             | Op::Add { out, .. }
             | Op::SwiGlu { out, .. }
             | Op::TakeLast { out, .. }
+            | Op::AddBias { out, .. }
+            | Op::HeadRmsNorm { out, .. }
+            | Op::Scale { out, .. }
+            | Op::SoftCap { out, .. }
+            | Op::GeGlu { out, .. }
+            | Op::Columns { out, .. }
             | Op::AddTableRow { out, .. }
             | Op::LayerNorm { out, .. }
-            | Op::AddBias { out, .. }
             | Op::Gelu { out, .. }
             | Op::EncoderAttention { out, .. }
             | Op::Pool { out, .. } => Some(out),
@@ -270,16 +315,21 @@ impl Op {
     }
 
     /// Inputs the op may overwrite with its output, when the input dies at this op: the
-    /// elementwise ops (`Add`, `SwiGlu`, `AddTableRow`, `AddBias`, `Gelu`), which read each
-    /// element before writing the same element. The planner then gives the output the input's offset (see
+    /// elementwise ops (`Add`, `SwiGlu`, `GeGlu`, `AddBias`, `Scale`, `SoftCap`, `AddTableRow`,
+    /// `Gelu`), which read each element before writing the same element. The planner then gives
+    /// the output the input's offset (see
     /// [`edge_arena::plan_with_inplace`]).
     pub fn inplace_inputs(&self) -> Vec<ValueId> {
         match *self {
             // x + x would read the aliased input twice: planned apart.
             Op::Add { a, b, .. } if a == b => vec![],
             Op::Add { a, b, .. } => vec![a, b],
-            Op::SwiGlu { gate, .. } => vec![gate],
-            Op::AddTableRow { x, .. } | Op::AddBias { x, .. } | Op::Gelu { x, .. } => vec![x],
+            Op::SwiGlu { gate, .. } | Op::GeGlu { gate, .. } => vec![gate],
+            Op::AddBias { x, .. }
+            | Op::Scale { x, .. }
+            | Op::SoftCap { x, .. }
+            | Op::AddTableRow { x, .. }
+            | Op::Gelu { x, .. } => vec![x],
             _ => vec![],
         }
     }
@@ -297,9 +347,14 @@ impl Op {
             Op::Add { .. } => "add",
             Op::SwiGlu { .. } => "swiglu",
             Op::TakeLast { .. } => "take_last",
+            Op::AddBias { .. } => "add_bias",
+            Op::HeadRmsNorm { .. } => "head_rms_norm",
+            Op::Scale { .. } => "scale",
+            Op::SoftCap { .. } => "soft_cap",
+            Op::GeGlu { .. } => "geglu",
+            Op::Columns { .. } => "columns",
             Op::AddTableRow { .. } => "add_table_row",
             Op::LayerNorm { .. } => "layer_norm",
-            Op::AddBias { .. } => "add_bias",
             Op::Gelu { .. } => "gelu",
             Op::EncoderAttention { .. } => "encoder_attention",
             Op::Pool { .. } => "pool",

@@ -33,11 +33,88 @@ pub struct HyperParams {
     pub n_ctx_train: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
-    /// Rotary embedding.
+    /// Rotary embedding (of every layer, or of the global layers when some use a sliding window).
     pub rope: Rope,
+    /// Rotary embedding of the sliding-window layers (Gemma 3 gives them their own base and no
+    /// scaling); equal to `rope` when the model has none.
+    pub rope_swa: Rope,
+    /// Sliding-window size: a query at position p sees keys at p - window + 1 ..= p on the
+    /// layers [`HyperParams::swa_layers`] marks (`{arch}.attention.sliding_window`).
+    pub window: Option<usize>,
+    /// Per layer: whether it attends over the sliding window only.
+    pub swa_layers: Vec<bool>,
+    /// Factor the token embeddings are multiplied by (Gemma: sqrt(n_embd)).
+    pub embd_scale: Option<f32>,
+    /// Factor the rotated queries are multiplied by before attention, which then scales by 1
+    /// (Phi-3 and Gemma do this instead of scaling the scores by 1/sqrt(head_dim)).
+    pub query_scale: Option<f32>,
+    /// Attention scores become `cap * tanh(score / cap)` before the softmax (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits become `cap * tanh(logit / cap)` (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// Gated feed-forward activation.
+    pub ffn_act: FfnActivation,
+}
+
+/// The activation of the gated feed-forward block: `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// SiLU (SwiGLU): Llama, Qwen, Phi-3.
+    Silu,
+    /// GELU, tanh approximation (GeGLU): Gemma.
+    Gelu,
 }
 
 impl HyperParams {
+    /// The rotary embedding of layer `l`.
+    pub fn layer_rope(&self, l: usize) -> Rope {
+        if self.is_swa(l) {
+            self.rope_swa
+        } else {
+            self.rope
+        }
+    }
+
+    /// Whether layer `l` attends over a sliding window.
+    pub fn is_swa(&self, l: usize) -> bool {
+        self.window.is_some() && self.swa_layers.get(l).copied().unwrap_or(false)
+    }
+
+    /// The sliding window of layer `l`, if it has one.
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        if self.is_swa(l) {
+            self.window
+        } else {
+            None
+        }
+    }
+
+    /// KV rows each layer needs for a context of `ctx` positions run `ubatch` tokens at a time:
+    /// `ctx` for a global layer; for a sliding-window layer only the window plus one ubatch
+    /// (a ring buffer: the oldest key a token of the ubatch still sees is `window - 1`
+    /// positions before it), at most `ctx`.
+    pub fn kv_layer_rows(&self, ctx: usize, ubatch: usize) -> Vec<usize> {
+        (0..self.n_layer)
+            .map(|l| match self.layer_window(l) {
+                Some(w) => ctx.min(w.saturating_add(ubatch)),
+                None => ctx,
+            })
+            .collect()
+    }
+
+    /// Why a context shift cannot run on this model, if it cannot: the shift re-rotates every
+    /// cached key with one rotary embedding over a cache laid out by position.
+    pub fn context_shift_unsupported(&self) -> Option<String> {
+        if self.swa_layers.iter().any(|&s| s) && self.window.is_some() {
+            Some(format!(
+                "context shift is not supported for {} models with sliding-window layers; use a larger --ctx",
+                self.arch
+            ))
+        } else {
+            None
+        }
+    }
+
     /// Width of the key (and value) rows of one layer: n_head_kv * head_dim.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
@@ -59,27 +136,59 @@ pub struct Weight {
     pub(crate) tensor_index: usize,
 }
 
-/// The weights of one decoder block (Llama family).
+/// The query, key and value projections of a block.
+#[derive(Debug, Clone)]
+pub enum QkvWeights {
+    /// Three matrices (`attn_q`, `attn_k`, `attn_v`).
+    Separate {
+        /// Query projection.
+        wq: WeightId,
+        /// Key projection.
+        wk: WeightId,
+        /// Value projection.
+        wv: WeightId,
+    },
+    /// One matrix whose output rows are q, then k, then v (`attn_qkv`, Phi-3).
+    Fused(WeightId),
+}
+
+/// The gate and up projections of a gated feed-forward block.
+#[derive(Debug, Clone)]
+pub enum GateUpWeights {
+    /// Two matrices (`ffn_gate`, `ffn_up`).
+    Separate {
+        /// Gate projection (goes through the activation).
+        gate: WeightId,
+        /// Up projection.
+        up: WeightId,
+    },
+    /// One `ffn_up` matrix of 2 x n_ff rows: the gate, then the up projection (Phi-3).
+    Fused(WeightId),
+}
+
+/// The weights of one decoder block. The optional ones exist in some architectures only.
 #[derive(Debug, Clone)]
 pub struct DecoderLayerWeights {
     /// RMSNorm before attention.
     pub attn_norm: WeightId,
-    /// Query projection.
-    pub wq: WeightId,
-    /// Key projection.
-    pub wk: WeightId,
-    /// Value projection.
-    pub wv: WeightId,
+    /// Query, key and value projections.
+    pub qkv: QkvWeights,
+    /// Biases of q, k and v (Qwen2).
+    pub qkv_bias: Option<[WeightId; 3]>,
+    /// Per-head RMSNorm of the queries and keys before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: Option<[WeightId; 2]>,
     /// Attention output projection.
     pub wo: WeightId,
+    /// RMSNorm of the attention output before the residual add (Gemma 2/3).
+    pub post_attn_norm: Option<WeightId>,
     /// RMSNorm before the feed-forward block.
     pub ffn_norm: WeightId,
-    /// SwiGLU gate projection.
-    pub w_gate: WeightId,
-    /// SwiGLU up projection.
-    pub w_up: WeightId,
+    /// Gate and up projections.
+    pub gate_up: GateUpWeights,
     /// Feed-forward down projection.
     pub w_down: WeightId,
+    /// RMSNorm of the feed-forward output before the residual add (Gemma 2/3).
+    pub post_ffn_norm: Option<WeightId>,
 }
 
 /// The weights of a decoder-only model (Llama family).
@@ -93,6 +202,9 @@ pub struct DecoderWeights {
     pub output_norm: WeightId,
     /// Output head; the embedding table when the model ties them.
     pub output: WeightId,
+    /// Llama 3 rotary frequency factors (`rope_freqs.weight`, n_rot / 2 values): frequency i
+    /// is divided by factor i.
+    pub rope_freqs: Option<WeightId>,
 }
 
 /// Which kind of network a model is, with its bound weights.
@@ -157,7 +269,12 @@ impl std::fmt::Debug for Model {
 }
 
 /// Architectures with a graph builder.
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, bert";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, phi3, gemma2, gemma3, bert";
+
+/// Whether `arch` (`general.architecture`) has a graph builder.
+pub fn is_supported_architecture(arch: &str) -> bool {
+    SUPPORTED_ARCHITECTURES.split(", ").any(|a| a == arch)
+}
 
 impl Model {
     /// Opens and validates a GGUF model: metadata, every tensor the architecture needs (names,
@@ -183,7 +300,7 @@ impl Model {
                 problem: "missing: the file is not a model (a vocabulary-only file?)".into(),
             })?
             .to_string();
-        if arch != "llama" && arch != "bert" {
+        if !is_supported_architecture(&arch) {
             return Err(EngineError::UnsupportedArchitecture {
                 arch,
                 supported: SUPPORTED_ARCHITECTURES,
@@ -223,6 +340,21 @@ impl Model {
             tokenizer,
             chat_template,
         })
+    }
+
+    /// Why a context shift cannot run on this model, if it cannot: sliding-window layers
+    /// (ring-buffer caches) or rotary frequency factors, which the shift does not apply.
+    pub fn context_shift_unsupported(&self) -> Option<String> {
+        if let Some(reason) = self.params.context_shift_unsupported() {
+            return Some(reason);
+        }
+        match &self.layout {
+            Layout::Decoder(w) if w.rope_freqs.is_some() => Some(format!(
+                "context shift is not supported for {} models with rope frequency factors (rope_freqs.weight); use a larger --ctx",
+                self.params.arch
+            )),
+            _ => None,
+        }
     }
 
     /// The raw bytes of a weight, straight from the file mapping.
@@ -422,20 +554,27 @@ fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
         });
     }
     let freq_base = g.get_f32(&k("rope.freq_base")).unwrap_or(10_000.0);
-    let scaling = g.get_str(&k("rope.scaling.type")).unwrap_or("none");
+    // llama.cpp's default scaling type is linear: a factor applies unless the type says none.
+    let scaling = g.get_str(&k("rope.scaling.type"));
     let freq_scale = match scaling {
-        "none" => 1.0,
-        "linear" => {
-            let factor = g.get_f32(&k("rope.scaling.factor")).unwrap_or(1.0);
-            if !(factor > 0.0 && factor.is_finite()) {
+        Some("none") => 1.0,
+        None | Some("linear") => {
+            let factor = g
+                .get_f32(&k("rope.scaling.factor"))
+                .or_else(|| g.get_f32(&k("rope.scale_linear")))
+                .unwrap_or(0.0);
+            if factor == 0.0 {
+                1.0
+            } else if !(factor > 0.0 && factor.is_finite()) {
                 return Err(EngineError::Metadata {
                     key: k("rope.scaling.factor"),
                     problem: format!("{factor} must be a positive number"),
                 });
+            } else {
+                1.0 / factor
             }
-            1.0 / factor
         }
-        other => {
+        Some(other) => {
             return Err(EngineError::Metadata {
                 key: k("rope.scaling.type"),
                 problem: format!("'{other}' is not supported yet (supported: none, linear)"),
@@ -453,6 +592,103 @@ fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
         "llama" => RopeOrdering::Normal,
         _ => RopeOrdering::NeoX,
     };
+    let rope = Rope {
+        ordering,
+        n_rot,
+        freq_base,
+        freq_scale,
+    };
+    let positive = |key: &str| -> Result<Option<f32>> {
+        match g.get(&k(key)) {
+            None => Ok(None),
+            Some(v) => match v.as_f32() {
+                Some(x) if x > 0.0 && x.is_finite() => Ok(Some(x)),
+                Some(0.0) => Ok(None),
+                _ => Err(EngineError::Metadata {
+                    key: k(key),
+                    problem: "must be a positive number".into(),
+                }),
+            },
+        }
+    };
+    // Sliding-window layers (llama.cpp's defaults and keys per architecture).
+    let mut window = None;
+    let mut swa_layers = vec![false; n_layer];
+    let mut rope_swa = rope;
+    let swa_pattern = match arch {
+        "gemma2" => Some((2, Some(4096))),
+        "gemma3" => Some((6, None)),
+        _ => None,
+    };
+    if let Some((default_pattern, default_window)) = swa_pattern {
+        window = match g.get(&k("attention.sliding_window")) {
+            Some(_) => Some(meta_usize(g, &k("attention.sliding_window"))?),
+            None => default_window,
+        };
+        if window.is_some() {
+            let key = k("attention.sliding_window_pattern");
+            match g.get(&key).map(|v| (v.as_array(), v.as_u64())) {
+                Some((Some(arr), _)) => {
+                    if arr.len() < n_layer {
+                        return Err(EngineError::Metadata {
+                            key,
+                            problem: format!("has {} entries for {n_layer} layers", arr.len()),
+                        });
+                    }
+                    for (s, v) in swa_layers.iter_mut().zip(arr) {
+                        *s = v.as_bool().unwrap_or(false);
+                    }
+                }
+                other => {
+                    let n = match other {
+                        Some((_, Some(n))) => n as usize,
+                        Some(_) => {
+                            return Err(EngineError::Metadata {
+                                key,
+                                problem: "must be an integer or an array of booleans".into(),
+                            })
+                        }
+                        None => default_pattern,
+                    };
+                    // llama.cpp: layer l slides when l % n < n - 1 (n = 0: every layer).
+                    for (l, s) in swa_layers.iter_mut().enumerate() {
+                        *s = n == 0 || l % n < n - 1;
+                    }
+                }
+            }
+            // Gemma 2 keeps the global rope on its local layers; Gemma 3's local layers use
+            // base 10000 without scaling. Both read an explicit base when the file has one.
+            let (base, scale) = match arch {
+                "gemma2" => (freq_base, freq_scale),
+                _ => (10_000.0, 1.0),
+            };
+            rope_swa = Rope {
+                freq_base: g.get_f32(&k("rope.freq_base_swa")).unwrap_or(base),
+                freq_scale: scale,
+                ..rope
+            };
+        }
+    }
+    let gemma = matches!(arch, "gemma2" | "gemma3");
+    let (attn_softcap, final_softcap) = match arch {
+        "gemma2" => (
+            Some(positive("attn_logit_softcapping")?.unwrap_or(50.0)),
+            Some(positive("final_logit_softcapping")?.unwrap_or(30.0)),
+        ),
+        "gemma3" => (None, positive("final_logit_softcapping")?),
+        _ => (None, None),
+    };
+    // llama.cpp scales Gemma 27B queries by 1/sqrt(n_embd / n_head) (its type is known by
+    // its layer count), every other Gemma and Phi-3 by 1/sqrt(head_dim).
+    let query_scale = match arch {
+        "phi3" => Some(1.0 / (head_dim as f32).sqrt()),
+        "gemma2" | "gemma3" => {
+            let big = (arch == "gemma2" && n_layer == 46) || (arch == "gemma3" && n_layer == 62);
+            let d = if big { n_embd / n_head } else { head_dim };
+            Some(1.0 / (d as f32).sqrt())
+        }
+        _ => None,
+    };
     Ok(HyperParams {
         arch: arch.to_string(),
         n_embd,
@@ -464,11 +700,18 @@ fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
         n_vocab,
         n_ctx_train,
         rms_eps,
-        rope: Rope {
-            ordering,
-            n_rot,
-            freq_base,
-            freq_scale,
+        rope,
+        rope_swa,
+        window,
+        swa_layers,
+        embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+        query_scale,
+        attn_softcap,
+        final_softcap,
+        ffn_act: if gemma {
+            FfnActivation::Gelu
+        } else {
+            FfnActivation::Silu
         },
     })
 }

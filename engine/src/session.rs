@@ -190,7 +190,9 @@ impl SessionPlan {
                 p.head_dim
             )));
         }
-        let kv_bytes = KvCache::bytes_for(p.n_layer, ctx, p.kv_dim(), cfg.kv_type).ok_or_else(|| {
+        // Sliding-window layers hold only their window plus one ubatch (ring buffers).
+        let kv_rows = p.kv_layer_rows(ctx, ubatch);
+        let kv_bytes = KvCache::bytes_for_rows(&kv_rows, p.kv_dim(), cfg.kv_type).ok_or_else(|| {
             EngineError::InvalidArgument(format!(
                 "--ctx {ctx}: the KV cache would not fit in memory; use a smaller context (the model was trained for {})",
                 p.n_ctx_train
@@ -399,8 +401,9 @@ impl Session {
         let report = plan.report;
         let (backend, what) = match plan.device {
             Device::Cpu => {
-                let kv =
-                    KvCache::new(p.n_layer, plan.ctx, p.kv_dim(), plan.kv_type).map_err(|e| {
+                let kv_rows = p.kv_layer_rows(plan.ctx, plan.ubatch);
+                let kv = KvCache::with_layer_rows(&kv_rows, plan.ctx, p.kv_dim(), plan.kv_type)
+                    .map_err(|e| {
                         EngineError::InvalidArgument(format!(
                             "--ctx {}: {e}; use a smaller context (the model was trained for {})",
                             plan.ctx, p.n_ctx_train
@@ -565,6 +568,9 @@ impl Session {
             )));
         }
         let p = &self.model.params;
+        if let Some(reason) = self.model.context_shift_unsupported() {
+            return Err(EngineError::InvalidArgument(reason));
+        }
         match &mut self.backend {
             Backend::Cpu { exec, kv } => kv
                 .shift(

@@ -2,6 +2,8 @@
 //! real model are, JSON-lines reading, greedy decoding as the reference does it, and a
 //! counting global allocator.
 
+pub mod synth;
+
 use std::path::PathBuf;
 
 /// `../shared` beside the repository (override with `EDGE_RUN_SHARED`).

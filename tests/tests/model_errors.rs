@@ -556,7 +556,10 @@ fn unknown_architecture_is_named() {
     match &e {
         EngineError::UnsupportedArchitecture { arch, supported } => {
             assert_eq!(arch, "mamba");
-            assert!(supported.contains("llama"));
+            for a in ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"] {
+                assert!(supported.contains(a), "{a} missing from {supported}");
+                assert!(e.to_string().contains(a), "{e}");
+            }
         }
         other => panic!("expected UnsupportedArchitecture, got {other:?}"),
     }

@@ -111,3 +111,34 @@ fn generation_api_allocates_nothing_per_token() {
     assert!(bytes > 0, "some text was produced");
     assert_eq!(n, 0, "{n} heap allocations in 40 generated tokens");
 }
+
+/// The ops of the other architectures (biases, q/k norms, fused projections, GeGLU,
+/// soft-capping, sliding-window ring buffers) allocate nothing per token either.
+#[test]
+fn every_architecture_decodes_without_allocating() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let donor = edge_engine::gguf::Gguf::open(edge_tests::smollm2_path()).unwrap();
+    for name in edge_tests::synth::ARCH_MODELS {
+        let bytes = edge_tests::synth::make_arch_model(name, &donor).unwrap();
+        let gguf = edge_engine::gguf::Gguf::from_bytes(bytes).unwrap();
+        let model = Arc::new(Model::from_gguf(gguf).unwrap());
+        let cfg = SessionConfig {
+            ctx: Some(128),
+            ubatch: Some(4),
+            threads: Some(2),
+            ..Default::default()
+        };
+        let mut session = Session::new(model.clone(), &cfg).unwrap();
+        let mut next = edge_engine::sampling::argmax(session.prefill(&[1, 2, 3, 4, 5]).unwrap());
+        next = edge_engine::sampling::argmax(session.step(next).unwrap());
+        ALLOCATIONS.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        // 30 tokens: the sliding-window layers' rings (window 8 + ubatch 4 rows) wrap.
+        for _ in 0..30 {
+            next = edge_engine::sampling::argmax(session.step(next).unwrap());
+        }
+        COUNTING.store(false, Ordering::SeqCst);
+        let n = ALLOCATIONS.load(Ordering::SeqCst);
+        assert_eq!(n, 0, "{name}: {n} heap allocations in 30 tokens");
+    }
+}

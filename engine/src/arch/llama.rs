@@ -1,15 +1,27 @@
-//! The Llama family: token embedding, then per block
-//! `x += Wo · Attention(RoPE(Wq·RMSNorm(x)), RoPE(Wk·RMSNorm(x)), Wv·RMSNorm(x))` and
-//! `x += Wdown · (SiLU(Wgate·RMSNorm(x)) ⊙ Wup·RMSNorm(x))`, a final RMSNorm and the output head
-//! (tied to the embedding table when the file has no `output.weight`).
+//! Decoder-only transformers of the Llama family and its relatives — `llama` (with Llama 3's
+//! rope frequency factors), `qwen2`, `qwen3`, `phi3`, `gemma2`, `gemma3` — as one graph
+//! builder whose optional parts the architecture's weights and hyper-parameters switch on.
+//!
+//! Per block: `h = RMSNorm(x)`; q, k, v from `h` (three matrices or one fused `attn_qkv`,
+//! plus Qwen2's biases); per-head RMSNorm of q and k (Qwen3, Gemma 3); RoPE (per layer: Gemma
+//! 3's local layers have their own base); queries scaled (Phi-3, Gemma); causal attention,
+//! over a sliding window on Gemma's local layers and with Gemma 2's score soft-capping;
+//! `o = Wo·att`, RMSNorm'd again on Gemma; `x += o`; then the gated feed-forward block
+//! (SwiGLU, or GeGLU on Gemma; gate and up fused in one `ffn_up` on Phi-3), RMSNorm'd again on
+//! Gemma; `x += ffn`. Gemma scales the embeddings by sqrt(n_embd) and Gemma 2 soft-caps the
+//! logits. The output head is tied to the embedding table when the file has no
+//! `output.weight`. What each architecture computes follows llama.cpp's `src/models/*.cpp`.
 
 use crate::cpu;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::graph::{Graph, Op, ValueId, ValueType, WeightId};
-use crate::model::{bind, DecoderLayerWeights, DecoderWeights, HyperParams, Model, Weight};
+use crate::model::{
+    bind, DecoderLayerWeights, DecoderWeights, FfnActivation, GateUpWeights, HyperParams, Model,
+    QkvWeights, Weight,
+};
 
-/// Finds and checks every tensor of a Llama-family model.
+/// Finds and checks every tensor of a decoder model of one of the supported architectures.
 pub fn bind_weights(
     g: &Gguf,
     p: &HyperParams,
@@ -18,23 +30,74 @@ pub fn bind_weights(
     let (d, a) = (p.n_embd as u64, p.arch.as_str());
     let q_dim = (p.n_head * p.head_dim) as u64;
     let kv_dim = p.kv_dim() as u64;
+    let hd = p.head_dim as u64;
     let ff = p.n_ff as u64;
+    let gemma = matches!(a, "gemma2" | "gemma3");
     let token_embd = bind(g, weights, a, "token_embd.weight", &[d, p.n_vocab as u64])?;
     let mut layers = Vec::with_capacity(p.n_layer);
     for l in 0..p.n_layer {
-        let mut w = |name: &str, shape: &[u64]| {
-            bind(g, weights, a, &format!("blk.{l}.{name}.weight"), shape)
+        let has = |name: &str| g.tensor(&format!("blk.{l}.{name}")).is_some();
+        let mut w =
+            |name: &str, shape: &[u64]| bind(g, weights, a, &format!("blk.{l}.{name}"), shape);
+        let attn_norm = w("attn_norm.weight", &[d])?;
+        let qkv = if has("attn_qkv.weight") {
+            QkvWeights::Fused(w("attn_qkv.weight", &[d, q_dim + 2 * kv_dim])?)
+        } else {
+            QkvWeights::Separate {
+                wq: w("attn_q.weight", &[d, q_dim])?,
+                wk: w("attn_k.weight", &[d, kv_dim])?,
+                wv: w("attn_v.weight", &[d, kv_dim])?,
+            }
+        };
+        let qkv_bias = if has("attn_q.bias") || a == "qwen2" {
+            Some([
+                w("attn_q.bias", &[q_dim])?,
+                w("attn_k.bias", &[kv_dim])?,
+                w("attn_v.bias", &[kv_dim])?,
+            ])
+        } else {
+            None
+        };
+        let qk_norm = if has("attn_q_norm.weight") || matches!(a, "qwen3" | "gemma3") {
+            Some([
+                w("attn_q_norm.weight", &[hd])?,
+                w("attn_k_norm.weight", &[hd])?,
+            ])
+        } else {
+            None
+        };
+        let wo = w("attn_output.weight", &[q_dim, d])?;
+        let post_attn_norm = if gemma {
+            Some(w("post_attention_norm.weight", &[d])?)
+        } else {
+            None
+        };
+        let ffn_norm = w("ffn_norm.weight", &[d])?;
+        let gate_up = if a == "phi3" && !has("ffn_gate.weight") {
+            GateUpWeights::Fused(w("ffn_up.weight", &[d, 2 * ff])?)
+        } else {
+            GateUpWeights::Separate {
+                gate: w("ffn_gate.weight", &[d, ff])?,
+                up: w("ffn_up.weight", &[d, ff])?,
+            }
+        };
+        let w_down = w("ffn_down.weight", &[ff, d])?;
+        let post_ffn_norm = if gemma {
+            Some(w("post_ffw_norm.weight", &[d])?)
+        } else {
+            None
         };
         layers.push(DecoderLayerWeights {
-            attn_norm: w("attn_norm", &[d])?,
-            wq: w("attn_q", &[d, q_dim])?,
-            wk: w("attn_k", &[d, kv_dim])?,
-            wv: w("attn_v", &[d, kv_dim])?,
-            wo: w("attn_output", &[q_dim, d])?,
-            ffn_norm: w("ffn_norm", &[d])?,
-            w_gate: w("ffn_gate", &[d, ff])?,
-            w_up: w("ffn_up", &[d, ff])?,
-            w_down: w("ffn_down", &[ff, d])?,
+            attn_norm,
+            qkv,
+            qkv_bias,
+            qk_norm,
+            wo,
+            post_attn_norm,
+            ffn_norm,
+            gate_up,
+            w_down,
+            post_ffn_norm,
         });
     }
     let output_norm = bind(g, weights, a, "output_norm.weight", &[d])?;
@@ -43,8 +106,33 @@ pub fn bind_weights(
     } else {
         token_embd
     };
+    // Phi-3's long-context variants switch between two factor sets by context length, with an
+    // attention factor: not implemented, and running without them would be silently wrong.
+    if let Some(t) = ["rope_factors_long.weight", "rope_factors_short.weight"]
+        .into_iter()
+        .find(|t| g.tensor(t).is_some())
+    {
+        return Err(crate::error::EngineError::Metadata {
+            key: t.into(),
+            problem: "long-context rope factors (Phi-3 128k \"longrope\") are not supported yet; use a 4k-context variant of the model".into(),
+        });
+    }
+    let rope_freqs = if g.tensor("rope_freqs.weight").is_some() {
+        Some(bind(
+            g,
+            weights,
+            a,
+            "rope_freqs.weight",
+            &[(p.rope.n_rot / 2) as u64],
+        )?)
+    } else {
+        None
+    };
     for w in weights.iter() {
-        if w.name.ends_with("norm.weight") && w.ty != crate::tensor::GgmlType::F32 {
+        let vector = w.name.ends_with("norm.weight")
+            || w.name.ends_with(".bias")
+            || w.name == "rope_freqs.weight";
+        if vector && w.ty != crate::tensor::GgmlType::F32 {
             return Err(crate::error::EngineError::UnsupportedTensorType {
                 name: w.name.clone(),
                 ty: w.ty,
@@ -56,6 +144,7 @@ pub fn bind_weights(
         layers,
         output_norm,
         output,
+        rope_freqs,
     })
 }
 
@@ -68,6 +157,61 @@ struct Builder<'m> {
 impl Builder<'_> {
     fn f32(&mut self, name: String, rows: usize, cols: usize) -> ValueId {
         self.g.value(name, rows, cols, ValueType::F32)
+    }
+
+    /// A new value shaped like `x`.
+    fn like(&mut self, name: String, x: ValueId) -> ValueId {
+        let (rows, cols) = (self.g.values[x.0].rows, self.g.values[x.0].cols);
+        self.f32(name, rows, cols)
+    }
+
+    fn rms_norm(&mut self, name: String, x: ValueId, weight: WeightId) -> ValueId {
+        let out = self.like(name, x);
+        self.g.push(Op::RmsNorm {
+            x,
+            weight,
+            eps: self.model.params.rms_eps,
+            out,
+        });
+        out
+    }
+
+    fn head_rms_norm(&mut self, name: String, x: ValueId, weight: WeightId) -> ValueId {
+        let out = self.like(name, x);
+        self.g.push(Op::HeadRmsNorm {
+            x,
+            weight,
+            eps: self.model.params.rms_eps,
+            head_dim: self.model.params.head_dim,
+            out,
+        });
+        out
+    }
+
+    fn add(&mut self, name: String, a: ValueId, b: ValueId) -> ValueId {
+        let out = self.like(name, a);
+        self.g.push(Op::Add { a, b, out });
+        out
+    }
+
+    fn add_bias(&mut self, name: String, x: ValueId, bias: WeightId) -> ValueId {
+        let out = self.like(name, x);
+        self.g.push(Op::AddBias { x, bias, out });
+        out
+    }
+
+    fn scale(&mut self, name: String, x: ValueId, factor: f32) -> ValueId {
+        let out = self.like(name, x);
+        self.g.push(Op::Scale { x, factor, out });
+        out
+    }
+
+    /// Columns `start..start + cols` of `x`.
+    fn columns(&mut self, name: String, x: ValueId, start: usize, cols: usize) -> ValueId {
+        let rows = self.g.values[x.0].rows;
+        let out = self.f32(name, rows, cols);
+        self.g.push(Op::Columns { x, start, out });
+        out
     }
 
     /// `x` quantized for the weight's vec-dot type, then the matmul.
@@ -132,6 +276,7 @@ impl Builder<'_> {
 pub fn build_graph(model: &Model, lw: &DecoderWeights, ubatch: usize) -> Graph {
     let p = &model.params;
     let (d, t) = (p.n_embd, ubatch);
+    let (q_dim, kv_dim) = (p.n_head * p.head_dim, p.kv_dim());
     let mut b = Builder {
         model,
         g: Graph::new(ubatch),
@@ -141,98 +286,142 @@ pub fn build_graph(model: &Model, lw: &DecoderWeights, ubatch: usize) -> Graph {
         table: lw.token_embd,
         out: x,
     });
+    if let Some(factor) = p.embd_scale {
+        x = b.scale("token_embd.scaled".into(), x, factor);
+    }
     for (l, w) in lw.layers.iter().enumerate() {
-        let h = b.f32(format!("blk.{l}.attn_norm"), t, d);
-        b.g.push(Op::RmsNorm {
-            x,
-            weight: w.attn_norm,
-            eps: p.rms_eps,
-            out: h,
-        });
-        let qkv = b.matmuls(
-            h,
-            &[
-                (format!("blk.{l}.attn_q"), w.wq),
-                (format!("blk.{l}.attn_k"), w.wk),
-                (format!("blk.{l}.attn_v"), w.wv),
-            ],
-        );
-        let (q, k, v) = (qkv[0], qkv[1], qkv[2]);
-        let q_rot = b.f32(format!("blk.{l}.attn_q.rope"), t, p.n_head * p.head_dim);
+        let h = b.rms_norm(format!("blk.{l}.attn_norm"), x, w.attn_norm);
+        let (mut q, mut k, v) = match w.qkv {
+            QkvWeights::Separate { wq, wk, wv } => {
+                let qkv = b.matmuls(
+                    h,
+                    &[
+                        (format!("blk.{l}.attn_q"), wq),
+                        (format!("blk.{l}.attn_k"), wk),
+                        (format!("blk.{l}.attn_v"), wv),
+                    ],
+                );
+                (qkv[0], qkv[1], qkv[2])
+            }
+            QkvWeights::Fused(wqkv) => {
+                let qkv = b.matmul(format!("blk.{l}.attn_qkv"), wqkv, h);
+                (
+                    b.columns(format!("blk.{l}.attn_q"), qkv, 0, q_dim),
+                    b.columns(format!("blk.{l}.attn_k"), qkv, q_dim, kv_dim),
+                    b.columns(format!("blk.{l}.attn_v"), qkv, q_dim + kv_dim, kv_dim),
+                )
+            }
+        };
+        let v = match w.qkv_bias {
+            Some([bq, bk, bv]) => {
+                q = b.add_bias(format!("blk.{l}.attn_q.bias"), q, bq);
+                k = b.add_bias(format!("blk.{l}.attn_k.bias"), k, bk);
+                b.add_bias(format!("blk.{l}.attn_v.bias"), v, bv)
+            }
+            None => v,
+        };
+        if let Some([q_norm, k_norm]) = w.qk_norm {
+            q = b.head_rms_norm(format!("blk.{l}.attn_q_norm"), q, q_norm);
+            k = b.head_rms_norm(format!("blk.{l}.attn_k_norm"), k, k_norm);
+        }
+        let rope = p.layer_rope(l);
+        let mut q_rot = b.f32(format!("blk.{l}.attn_q.rope"), t, q_dim);
         b.g.push(Op::Rope {
             x: q,
             head_dim: p.head_dim,
-            rope: p.rope,
+            rope,
+            freq_factors: lw.rope_freqs,
             out: q_rot,
         });
-        let k_rot = b.f32(format!("blk.{l}.attn_k.rope"), t, p.kv_dim());
+        let k_rot = b.f32(format!("blk.{l}.attn_k.rope"), t, kv_dim);
         b.g.push(Op::Rope {
             x: k,
             head_dim: p.head_dim,
-            rope: p.rope,
+            rope,
+            freq_factors: lw.rope_freqs,
             out: k_rot,
         });
+        // Phi-3 and Gemma scale the queries, then attend with a scale of 1.
+        let scale = match p.query_scale {
+            Some(factor) => {
+                q_rot = b.scale(format!("blk.{l}.attn_q.scaled"), q_rot, factor);
+                1.0
+            }
+            None => 1.0 / (p.head_dim as f32).sqrt(),
+        };
         b.g.push(Op::StoreKv {
             k: k_rot,
             v,
             layer: l,
         });
-        let att = b.f32(format!("blk.{l}.attn"), t, p.n_head * p.head_dim);
+        let att = b.f32(format!("blk.{l}.attn"), t, q_dim);
         b.g.push(Op::Attention {
             q: q_rot,
             layer: l,
             n_head: p.n_head,
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
-            scale: 1.0 / (p.head_dim as f32).sqrt(),
+            scale,
+            window: p.layer_window(l),
+            softcap: p.attn_softcap,
             out: att,
         });
-        let o = b.matmul(format!("blk.{l}.attn_output"), w.wo, att);
-        let x_mid = b.f32(format!("blk.{l}.attn_residual"), t, d);
-        b.g.push(Op::Add {
-            a: x,
-            b: o,
-            out: x_mid,
-        });
-        let h2 = b.f32(format!("blk.{l}.ffn_norm"), t, d);
-        b.g.push(Op::RmsNorm {
-            x: x_mid,
-            weight: w.ffn_norm,
-            eps: p.rms_eps,
-            out: h2,
-        });
-        let gu = b.matmuls(
-            h2,
-            &[
-                (format!("blk.{l}.ffn_gate"), w.w_gate),
-                (format!("blk.{l}.ffn_up"), w.w_up),
-            ],
-        );
-        let act = b.f32(format!("blk.{l}.ffn_swiglu"), t, p.n_ff);
-        b.g.push(Op::SwiGlu {
-            gate: gu[0],
-            up: gu[1],
-            out: act,
-        });
-        let down = b.matmul(format!("blk.{l}.ffn_down"), w.w_down, act);
-        let x_out = b.f32(format!("blk.{l}.ffn_residual"), t, d);
-        b.g.push(Op::Add {
-            a: x_mid,
-            b: down,
-            out: x_out,
-        });
-        x = x_out;
+        let mut o = b.matmul(format!("blk.{l}.attn_output"), w.wo, att);
+        if let Some(norm) = w.post_attn_norm {
+            o = b.rms_norm(format!("blk.{l}.post_attention_norm"), o, norm);
+        }
+        let x_mid = b.add(format!("blk.{l}.attn_residual"), x, o);
+        let h2 = b.rms_norm(format!("blk.{l}.ffn_norm"), x_mid, w.ffn_norm);
+        let (gate, up) = match w.gate_up {
+            GateUpWeights::Separate { gate, up } => {
+                let gu = b.matmuls(
+                    h2,
+                    &[
+                        (format!("blk.{l}.ffn_gate"), gate),
+                        (format!("blk.{l}.ffn_up"), up),
+                    ],
+                );
+                (gu[0], gu[1])
+            }
+            GateUpWeights::Fused(wgu) => {
+                let gu = b.matmul(format!("blk.{l}.ffn_gate_up"), wgu, h2);
+                (
+                    b.columns(format!("blk.{l}.ffn_gate"), gu, 0, p.n_ff),
+                    b.columns(format!("blk.{l}.ffn_up"), gu, p.n_ff, p.n_ff),
+                )
+            }
+        };
+        let act = match p.ffn_act {
+            FfnActivation::Silu => {
+                let act = b.f32(format!("blk.{l}.ffn_swiglu"), t, p.n_ff);
+                b.g.push(Op::SwiGlu { gate, up, out: act });
+                act
+            }
+            FfnActivation::Gelu => {
+                let act = b.f32(format!("blk.{l}.ffn_geglu"), t, p.n_ff);
+                b.g.push(Op::GeGlu { gate, up, out: act });
+                act
+            }
+        };
+        let mut down = b.matmul(format!("blk.{l}.ffn_down"), w.w_down, act);
+        if let Some(norm) = w.post_ffn_norm {
+            down = b.rms_norm(format!("blk.{l}.post_ffw_norm"), down, norm);
+        }
+        x = b.add(format!("blk.{l}.ffn_residual"), x_mid, down);
     }
     let last = b.f32("last_position".into(), 1, d);
     b.g.push(Op::TakeLast { x, out: last });
-    let normed = b.f32("output_norm".into(), 1, d);
-    b.g.push(Op::RmsNorm {
-        x: last,
-        weight: lw.output_norm,
-        eps: p.rms_eps,
-        out: normed,
-    });
-    let logits = b.matmul("logits".into(), lw.output, normed);
+    let normed = b.rms_norm("output_norm".into(), last, lw.output_norm);
+    let mut logits = b.matmul("logits".into(), lw.output, normed);
+    if let Some(cap) = p.final_softcap {
+        let capped = b.f32("logits.softcap".into(), 1, p.n_vocab);
+        b.g.push(Op::SoftCap {
+            x: logits,
+            cap,
+            out: capped,
+        });
+        logits = capped;
+    }
     b.g.output = logits;
     b.g
 }

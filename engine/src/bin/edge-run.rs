@@ -909,6 +909,10 @@ fn generate(a: GenerateArgs) -> CliResult<u8> {
     }
     let mut shifting = false;
     if a.ctx_shift {
+        // Refused up front rather than when the context fills mid-generation.
+        if let Some(reason) = model.context_shift_unsupported() {
+            return Err(CliError::usage(format!("--ctx-shift: {reason}")));
+        }
         let keep = match a.keep {
             Some(n) => n.min(ids.len()),
             None => default_keep(tok, &ids, &text, system_text.as_deref()),
@@ -1137,17 +1141,29 @@ fn plan(a: PlanArgs) -> CliResult {
             if *n == 1 { "" } else { "s" }
         ));
     }
-    lines.push(row(
-        "KV cache",
-        r.kv_bytes,
+    lines.push(row("KV cache", r.kv_bytes, {
+        // Sliding-window layers hold only their window plus one ubatch.
+        let rows = p.kv_layer_rows(plan.ctx, plan.ubatch);
+        let n_full = rows.iter().filter(|&&r| r == plan.ctx).count();
+        let mut layers = format!("{n_full} layers x {} ctx", plan.ctx);
+        if n_full < rows.len() {
+            let ring = rows
+                .iter()
+                .copied()
+                .filter(|&r| r < plan.ctx)
+                .max()
+                .unwrap_or(0);
+            layers += &format!(
+                " + {} sliding-window layers x {ring} rows",
+                rows.len() - n_full
+            );
+        }
         format!(
-            "{}, K and V: {} layers x {} ctx x {} kv_dim",
+            "{}, K and V: {layers} x {} kv_dim",
             plan.kv_type.name(),
-            p.n_layer,
-            plan.ctx,
             p.kv_dim()
-        ),
-    ));
+        )
+    }));
     let ratio = r.arena_bytes as f64 / (r.arena_lower_bound_bytes.max(1)) as f64;
     lines.push(row(
         "arena (activations)",

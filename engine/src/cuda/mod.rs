@@ -657,11 +657,14 @@ impl CudaExecutor {
                         )?,
                     }
                 }
+                // Frequency factors never reach here: `device::cuda_unsupported` sends such
+                // models to the CPU.
                 Op::Rope {
                     x,
                     head_dim,
                     rope,
                     out,
+                    ..
                 } => {
                     // The CPU's theta_scale, computed the same way on the host.
                     let theta_scale = rope.freq_base.powf(-2.0 / rope.n_rot as f32);
@@ -722,6 +725,8 @@ impl CudaExecutor {
                     head_dim,
                     scale,
                     out,
+                    // Sliding windows and soft-capping never reach here (see above).
+                    ..
                 } => {
                     let splits = if n == 1 { self.decode_splits } else { 1 };
                     let f = match self.kv_type {
@@ -780,15 +785,21 @@ impl CudaExecutor {
                     256,
                     &[ptr(x), ptr(out), I32(cols(out) as i32), I32(n as i32 - 1)],
                 )?,
-                // Encoder models run on the CPU (device::cuda_unsupported says so first).
+                // Encoder models and the other decoder architectures run on the CPU
+                // (device::cuda_unsupported says so first).
                 Op::AddTableRow { .. }
                 | Op::LayerNorm { .. }
                 | Op::AddBias { .. }
                 | Op::Gelu { .. }
                 | Op::EncoderAttention { .. }
-                | Op::Pool { .. } => {
+                | Op::Pool { .. }
+                | Op::HeadRmsNorm { .. }
+                | Op::Scale { .. }
+                | Op::SoftCap { .. }
+                | Op::GeGlu { .. }
+                | Op::Columns { .. } => {
                     return Err(format!(
-                        "the CUDA backend has no {} op: encoder (embedding) models run on the CPU",
+                        "the CUDA backend has no {} op; use --device cpu",
                         op.kind()
                     ))
                 }

@@ -71,6 +71,9 @@ impl KvType {
 pub const MAX_Q8_HEAD_DIM: usize = 512;
 
 /// Keys and values of every layer for `ctx` positions: rows of `kv_dim` values of a [`KvType`].
+///
+/// A layer may hold fewer rows than `ctx` (a sliding-window layer): its rows are then a ring,
+/// position p in row p % rows.
 pub struct KvCache {
     mem: SharedMem,
     n_layer: usize,
@@ -78,20 +81,46 @@ pub struct KvCache {
     kv_dim: usize,
     ty: KvType,
     row_bytes: usize,
+    /// Rows of each layer (K and V each).
+    layer_rows: Vec<usize>,
+    /// Byte offset of each layer's keys; its values follow them.
+    layer_base: Vec<usize>,
 }
 
 impl KvCache {
-    /// Allocates the cache (zeroed).
+    /// Allocates the cache (zeroed), `ctx` rows for every layer.
     pub fn new(n_layer: usize, ctx: usize, kv_dim: usize, ty: KvType) -> Result<KvCache, String> {
-        let bytes = KvCache::bytes_for(n_layer, ctx, kv_dim, ty)
+        KvCache::with_layer_rows(&vec![ctx; n_layer], ctx, kv_dim, ty)
+    }
+
+    /// Allocates the cache (zeroed) with `layer_rows[l]` rows (at most `ctx`) for layer l.
+    pub fn with_layer_rows(
+        layer_rows: &[usize],
+        ctx: usize,
+        kv_dim: usize,
+        ty: KvType,
+    ) -> Result<KvCache, String> {
+        let bytes = KvCache::bytes_for_rows(layer_rows, kv_dim, ty)
             .ok_or_else(|| format!("a KV cache of {ctx} positions does not fit in memory"))?;
+        if layer_rows.iter().any(|&r| r == 0 || r > ctx) {
+            return Err(format!("KV layer rows {layer_rows:?} must be 1 to {ctx}"));
+        }
+        let row_bytes = ty.row_bytes(kv_dim).ok_or("bad KV row")?;
+        let mut layer_base = Vec::with_capacity(layer_rows.len());
+        let mut base = 0;
+        for &r in layer_rows {
+            layer_base.push(base);
+            base += 2 * r * row_bytes;
+        }
         Ok(KvCache {
             mem: SharedMem::new(bytes)?,
-            n_layer,
+            n_layer: layer_rows.len(),
             ctx,
             kv_dim,
             ty,
-            row_bytes: ty.row_bytes(kv_dim).ok_or("bad KV row")?,
+            row_bytes,
+            layer_rows: layer_rows.to_vec(),
+            layer_base,
         })
     }
 
@@ -101,6 +130,20 @@ impl KvCache {
         [n_layer, ctx, ty.row_bytes(kv_dim)?]
             .iter()
             .try_fold(2usize, |acc, &x| acc.checked_mul(x))
+    }
+
+    /// Bytes a cache with `layer_rows[l]` rows for layer l takes (`None` on overflow or if a
+    /// row is not whole blocks).
+    pub fn bytes_for_rows(layer_rows: &[usize], kv_dim: usize, ty: KvType) -> Option<usize> {
+        let rb = ty.row_bytes(kv_dim)?;
+        layer_rows.iter().try_fold(0usize, |acc, &r| {
+            acc.checked_add(r.checked_mul(rb)?.checked_mul(2)?)
+        })
+    }
+
+    /// Whether every layer holds all `ctx` positions (no ring buffers).
+    pub fn is_full(&self) -> bool {
+        self.layer_rows.iter().all(|&r| r == self.ctx)
     }
 
     /// Positions the cache holds.
@@ -145,6 +188,12 @@ impl KvCache {
         }
         if tmp.len() < 2 * self.kv_dim || head_dim == 0 || self.kv_dim % head_dim != 0 {
             return Err("context shift: bad row buffer or head size".into());
+        }
+        if !self.is_full() {
+            return Err(
+                "context shift: the cache has sliding-window (ring) layers; use a larger --ctx"
+                    .into(),
+            );
         }
         let (rb, ty) = (self.row_bytes, self.ty.ggml_type());
         let (src, dst) = tmp[..2 * self.kv_dim].split_at_mut(self.kv_dim);
@@ -230,16 +279,40 @@ impl KvCache {
         self.kv_dim
     }
 
-    /// Byte offset of row `pos` of the keys (v = false) or values (v = true) of `layer`.
+    /// Where `layer` lives, for loops over positions: (byte offset of its key row 0, of its
+    /// value row 0, its number of rows). Position p is in row [`ring_slot`]`(p, rows)`.
+    #[inline(always)]
+    fn layer_span(&self, layer: usize) -> (usize, usize, usize) {
+        let rows = self.layer_rows[layer];
+        let base = self.layer_base[layer];
+        (base, base + rows * self.row_bytes, rows)
+    }
+
+    /// Byte offset of the row of position `pos` in the keys (v = false) or values (v = true)
+    /// of `layer` (row pos % rows of a ring layer).
+    #[inline(always)]
     fn row_offset(&self, layer: usize, v: bool, pos: usize) -> usize {
         debug_assert!(layer < self.n_layer && pos < self.ctx);
-        ((2 * layer + usize::from(v)) * self.ctx + pos) * self.row_bytes
+        let rows = self.layer_rows[layer];
+        self.layer_base[layer] + (usize::from(v) * rows + ring_slot(pos, rows)) * self.row_bytes
+    }
+}
+
+/// The row of position `pos` in a layer of `rows` rows: `pos` itself while it fits (every
+/// position of a full layer), else `pos % rows` (a sliding-window ring).
+#[inline(always)]
+fn ring_slot(pos: usize, rows: usize) -> usize {
+    if pos < rows {
+        pos
+    } else {
+        pos % rows
     }
 }
 
 /// Rotary embedding of one row (all heads) at position `pos`: `dst` = `src` with pairs rotated
 /// by `pos * freq_scale * freq_base^(-2i/n_rot)`, pairs adjacent (normal) or `n_rot/2` apart
 /// (NeoX); dimensions past `n_rot` pass through.
+#[cfg(test)]
 pub(crate) fn rope_row(src: &[f32], dst: &mut [f32], pos: usize, head_dim: usize, rope: Rope) {
     rope_row_at(src, dst, pos as f32, head_dim, rope)
 }
@@ -247,6 +320,19 @@ pub(crate) fn rope_row(src: &[f32], dst: &mut [f32], pos: usize, head_dim: usize
 /// [`rope_row`] at a position given as f32, which may be negative: rotating by `-d` undoes
 /// `d` positions of rotation (RoPE angles add), which is how a context shift moves cached keys.
 pub fn rope_row_at(src: &[f32], dst: &mut [f32], pos: f32, head_dim: usize, rope: Rope) {
+    rope_row_factors(src, dst, pos, head_dim, rope, None)
+}
+
+/// [`rope_row_at`] with optional per-frequency divisors (`factors[i]` divides the angle of pair
+/// i before the position scale, as ggml applies Llama 3's `rope_freqs`; `n_rot / 2` values).
+pub fn rope_row_factors(
+    src: &[f32],
+    dst: &mut [f32],
+    pos: f32,
+    head_dim: usize,
+    rope: Rope,
+    factors: Option<&[f32]>,
+) {
     dst.copy_from_slice(src);
     let n_heads = src.len() / head_dim;
     let half = rope.n_rot / 2;
@@ -254,7 +340,11 @@ pub fn rope_row_at(src: &[f32], dst: &mut [f32], pos: f32, head_dim: usize, rope
     // theta_i by the same recurrence ggml uses, so the rounding matches the reference.
     let mut theta = pos;
     for i in 0..half {
-        let (sin, cos) = (theta * rope.freq_scale).sin_cos();
+        let angle = match factors {
+            Some(f) => theta / f[i] * rope.freq_scale,
+            None => theta * rope.freq_scale,
+        };
+        let (sin, cos) = angle.sin_cos();
         for h in 0..n_heads {
             let base = h * head_dim;
             let (a, b) = match rope.ordering {
@@ -458,6 +548,49 @@ mod shift_tests {
         }
     }
 
+    /// A layer with fewer rows than the context is a ring: position p lands in row p % rows,
+    /// overwriting p - rows; full layers keep every position; the bytes are the sum of the
+    /// layers'.
+    #[test]
+    fn ring_layers_keep_the_last_rows() {
+        let kernels = Kernels::detect();
+        let (ctx, ring) = (16usize, 5usize);
+        let mut kv = KvCache::with_layer_rows(&[ctx, ring], ctx, KV_DIM, KvType::F16).unwrap();
+        assert_eq!(kv.bytes(), 2 * (ctx + ring) * KV_DIM * 2);
+        assert_eq!(
+            KvCache::bytes_for_rows(&[ctx, ring], KV_DIM, KvType::F16),
+            Some(kv.bytes())
+        );
+        assert!(!kv.is_full());
+        let row = |p: usize, v: bool| vec![p as f32 + if v { 0.5 } else { 0.0 }; KV_DIM];
+        for p in 0..ctx {
+            for l in 0..2 {
+                for v in [false, true] {
+                    kv.write_row(l, v, p, &row(p, v), &kernels).unwrap();
+                }
+            }
+        }
+        let mut out = vec![0.0; KV_DIM];
+        for p in 0..ctx {
+            for v in [false, true] {
+                kv.read_row(0, v, p, &mut out).unwrap();
+                assert_eq!(out, row(p, v), "full layer, position {p}");
+                kv.read_row(1, v, p, &mut out).unwrap();
+                // The ring holds the last `ring` positions; row p % ring holds the latest of them.
+                let latest = ctx - 1 - (ctx - 1 - p) % ring;
+                let want = if p + ring >= ctx { p } else { latest };
+                assert_eq!(out, row(want, v), "ring layer, position {p}");
+            }
+        }
+        let mut tmp = vec![0.0; 2 * KV_DIM];
+        let e = kv
+            .shift(ctx, 0, 2, HEAD_DIM, ropes()[0], &kernels, &mut tmp)
+            .unwrap_err();
+        assert!(e.contains("sliding-window"), "{e}");
+        assert!(KvCache::with_layer_rows(&[0], ctx, KV_DIM, KvType::F16).is_err());
+        assert!(KvCache::with_layer_rows(&[ctx + 1], ctx, KV_DIM, KvType::F16).is_err());
+    }
+
     #[test]
     fn impossible_shifts_are_errors() {
         let kernels = Kernels::detect();
@@ -519,7 +652,36 @@ struct AttentionArgs {
     n_head_kv: usize,
     head_dim: usize,
     scale: f32,
+    window: Option<usize>,
+    softcap: Option<f32>,
     out: ValueId,
+}
+
+/// ggml's GELU (tanh approximation) of the gate times `up`, as its CPU GeGLU computes it: the
+/// gate rounded to f16, GELU from a table of f16 results, 0 below -10 and the identity above 10.
+#[inline(always)]
+fn geglu(gate: f32, up: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    if gate <= -10.0 {
+        0.0
+    } else if gate >= 10.0 {
+        gate * up
+    } else {
+        let x = f16::from_f32(gate).to_f32();
+        let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh());
+        f16::from_f32(g).to_f32() * up
+    }
+}
+
+/// `cap * tanh(score / cap)` as ggml computes it (scale by 1/cap, tanh, scale by cap), or the
+/// score unchanged without a cap.
+#[inline(always)]
+fn soft_cap(score: f32, cap: Option<f32>) -> f32 {
+    match cap {
+        Some(c) => (score * (1.0 / c)).tanh() * c,
+        None => score,
+    }
 }
 
 /// Whether `EDGE_RUN_DUMP` asks for a per-op trace of values (a debugging aid).
@@ -879,8 +1041,9 @@ impl OpCtx<'_> {
                 x,
                 head_dim,
                 rope,
+                freq_factors,
                 out,
-            } => self.rope(x, head_dim, rope, out),
+            } => self.rope(x, head_dim, rope, freq_factors, out),
             Op::StoreKv { k, v, layer } => self.store_kv(k, v, layer),
             Op::Attention {
                 q,
@@ -889,6 +1052,8 @@ impl OpCtx<'_> {
                 n_head_kv,
                 head_dim,
                 scale,
+                window,
+                softcap,
                 out,
             } => {
                 let a = AttentionArgs {
@@ -898,6 +1063,8 @@ impl OpCtx<'_> {
                     n_head_kv,
                     head_dim,
                     scale,
+                    window,
+                    softcap,
                     out,
                 };
                 #[cfg(target_arch = "x86_64")]
@@ -988,24 +1155,6 @@ impl OpCtx<'_> {
                     );
                 }
             }
-            Op::AddBias { x, bias, out } => {
-                let b = self.model.weight_f32(bias);
-                let cols = self.cols(out);
-                let in_place = self.aliases(out, x);
-                for t in self.share(self.rows_of(out), 1) {
-                    let o = self.output(out, t, 0..cols);
-                    if in_place {
-                        // The output sits on x (fact 1): read each element through it.
-                        for (o, &b) in o.iter_mut().zip(b) {
-                            *o += b;
-                        }
-                    } else {
-                        for ((o, &v), &b) in o.iter_mut().zip(self.input(x, t..t + 1)).zip(b) {
-                            *o = v + b;
-                        }
-                    }
-                }
-            }
             Op::Gelu { x, out } => {
                 let cols = self.cols(out);
                 let in_place = self.aliases(out, x);
@@ -1032,6 +1181,59 @@ impl OpCtx<'_> {
                 out,
             } => self.encoder_attention(q, k, v, n_head, head_dim, scale, out),
             Op::Pool { x, pooling, out } => self.pool(x, pooling, out),
+            Op::AddBias { x, bias, out } => {
+                let b = self.model.weight_f32(bias);
+                self.unary(x, out, |c, v| v + b[c]);
+            }
+            Op::Scale { x, factor, out } => self.unary(x, out, |_, v| v * factor),
+            Op::SoftCap { x, cap, out } => {
+                let inv = 1.0 / cap;
+                self.unary(x, out, |_, v| (v * inv).tanh() * cap);
+            }
+            Op::HeadRmsNorm {
+                x,
+                weight,
+                eps,
+                head_dim,
+                out,
+            } => {
+                let w = self.model.weight_f32(weight);
+                let cols = self.cols(out);
+                for t in self.share(self.rows_of(out), 1) {
+                    let o = self.output(out, t, 0..cols);
+                    for (src, dst) in self
+                        .input(x, t..t + 1)
+                        .chunks_exact(head_dim)
+                        .zip(o.chunks_exact_mut(head_dim))
+                    {
+                        cpu::rms_norm(src, w, eps, dst);
+                    }
+                }
+            }
+            Op::GeGlu { gate, up, out } => {
+                let cols = self.cols(out);
+                let in_place = self.aliases(out, gate);
+                for t in self.share(self.rows_of(out), 1) {
+                    let u = self.input(up, t..t + 1);
+                    let o = self.output(out, t, 0..cols);
+                    if in_place {
+                        for (o, &u) in o.iter_mut().zip(u) {
+                            *o = geglu(*o, u);
+                        }
+                    } else {
+                        for ((o, &g), &u) in o.iter_mut().zip(self.input(gate, t..t + 1)).zip(u) {
+                            *o = geglu(g, u);
+                        }
+                    }
+                }
+            }
+            Op::Columns { x, start, out } => {
+                let cols = self.cols(out);
+                for t in self.share(self.rows_of(out), 1) {
+                    self.output(out, t, 0..cols)
+                        .copy_from_slice(&self.input(x, t..t + 1)[start..start + cols]);
+                }
+            }
         }
     }
 
@@ -1138,6 +1340,26 @@ impl OpCtx<'_> {
         }
     }
 
+    /// out = f(column, x) elementwise, row by row; in place when the plan put `out` on `x`
+    /// (the element is read through the output slice before it is written).
+    #[inline(always)]
+    fn unary(&self, x: ValueId, out: ValueId, f: impl Fn(usize, f32) -> f32) {
+        let cols = self.cols(out);
+        let in_place = self.aliases(out, x);
+        for t in self.share(self.rows_of(out), 1) {
+            let o = self.output(out, t, 0..cols);
+            if in_place {
+                for (c, o) in o.iter_mut().enumerate() {
+                    *o = f(c, *o);
+                }
+            } else {
+                for (c, (o, &v)) in o.iter_mut().zip(self.input(x, t..t + 1)).enumerate() {
+                    *o = f(c, v);
+                }
+            }
+        }
+    }
+
     fn embed(&self, table: crate::graph::WeightId, out: ValueId) {
         let w = self.model.weight(table);
         let bytes = self.model.weight_bytes(table);
@@ -1228,16 +1450,25 @@ impl OpCtx<'_> {
         }
     }
 
-    fn rope(&self, x: ValueId, head_dim: usize, rope: Rope, out: ValueId) {
+    fn rope(
+        &self,
+        x: ValueId,
+        head_dim: usize,
+        rope: Rope,
+        freq_factors: Option<crate::graph::WeightId>,
+        out: ValueId,
+    ) {
         let cols = self.cols(out);
+        let factors = freq_factors.map(|w| self.model.weight_f32(w));
         for t in self.share(self.rows_of(out), 1) {
             let src = self.input(x, t..t + 1);
-            rope_row(
+            rope_row_factors(
                 src,
                 self.output(out, t, 0..cols),
-                self.args.pos0 + t,
+                (self.args.pos0 + t) as f32,
                 head_dim,
                 rope,
+                factors,
             );
         }
     }
@@ -1286,10 +1517,14 @@ impl OpCtx<'_> {
             n_head_kv,
             head_dim,
             scale,
+            window,
+            softcap,
             out,
         } = a;
         let group = n_head / n_head_kv;
         let head_bytes = self.kv.row_bytes / n_head_kv;
+        let rb = self.kv.row_bytes;
+        let (k_base, v_base, rows) = self.kv.layer_span(layer);
         let scratch = self.scratch();
         let (acc, rest) = scratch.split_at_mut(head_dim);
         let (vtmp, _) = rest.split_at_mut(head_dim);
@@ -1308,22 +1543,24 @@ impl OpCtx<'_> {
             let mut max = f32::NEG_INFINITY;
             let mut sum = 0.0f32;
             acc.fill(0.0);
-            for p in 0..n_pos {
+            let first = window.map_or(0, |w| n_pos.saturating_sub(w));
+            for p in first..n_pos {
                 // SAFETY: the cache is only read during attention (see `attention`).
                 let krow = unsafe {
                     self.kv
                         .mem
-                        .slice::<u8>(self.kv.row_offset(layer, false, p), self.kv.row_bytes)
+                        .slice::<u8>(k_base + ring_slot(p, rows) * rb, rb)
                 };
                 let k = &krow[kvh * head_bytes..(kvh + 1) * head_bytes];
-                let s = if quantized {
+                let dot = if quantized {
                     self.exec.kernels.vec_dot(GgmlType::Q8_0, head_dim, k, q8)
                 } else {
                     k.chunks_exact(2)
                         .zip(qh)
                         .map(|(k, q)| f16::from_le_bytes([k[0], k[1]]).to_f32() * q)
                         .sum::<f32>()
-                } * scale;
+                };
+                let s = soft_cap(dot, softcap) * scale;
                 let (ms, vs) = if s > max {
                     let ms = (max - s).exp();
                     max = s;
@@ -1338,7 +1575,7 @@ impl OpCtx<'_> {
                 let vrow = unsafe {
                     self.kv
                         .mem
-                        .slice::<u8>(self.kv.row_offset(layer, true, p), self.kv.row_bytes)
+                        .slice::<u8>(v_base + ring_slot(p, rows) * rb, rb)
                 };
                 let _ = cpu::dequantize_row(
                     self.kv.ty.ggml_type(),
@@ -1387,6 +1624,8 @@ impl OpCtx<'_> {
             n_head_kv,
             head_dim,
             scale,
+            window,
+            softcap,
             out,
         } = a;
         use cpu::ggml_order::{self as order, LANES, STEP_LANES};
@@ -1396,6 +1635,8 @@ impl OpCtx<'_> {
         let width = if batch { LANES } else { STEP_LANES };
         let kv_dim = self.kv.kv_dim;
         let ctx = self.kv.ctx;
+        let rb = self.kv.row_bytes;
+        let (k_base, v_base, rows) = self.kv.layer_span(layer);
         let scratch = self.scratch();
         let (scores, rest) = scratch.split_at_mut(ctx);
         let (qh, rest) = rest.split_at_mut(head_dim);
@@ -1411,14 +1652,18 @@ impl OpCtx<'_> {
             {
                 *d = f16::from_f32(*s).to_f32();
             }
+            // A sliding window starts later; scores[i] is position first + i.
+            let first = window.map_or(0, |w| n_pos.saturating_sub(w));
+            let n_seen = n_pos - first;
             let mut max = f32::NEG_INFINITY;
-            for (p, s) in scores[..n_pos].iter_mut().enumerate() {
+            for (i, s) in scores[..n_seen].iter_mut().enumerate() {
+                let p = first + i;
                 // SAFETY: the cache is only read during attention: StoreKv wrote it before the
                 // barrier that precedes this op, and nothing writes it until the next StoreKv.
                 let krow = unsafe {
                     self.kv
                         .mem
-                        .slice::<f16>(self.kv.row_offset(layer, false, p), kv_dim)
+                        .slice::<f16>(k_base + ring_slot(p, rows) * rb, kv_dim)
                 };
                 let k = &krow[kvh * head_dim..(kvh + 1) * head_dim];
                 let dot = if batch {
@@ -1426,12 +1671,12 @@ impl OpCtx<'_> {
                 } else {
                     order::dot_f16_ggml(k, qh)
                 };
-                *s = dot * scale;
+                *s = soft_cap(dot, softcap) * scale;
                 max = max.max(*s);
             }
             // exp(s - max), summed 16 at a time in f64 (ggml_vec_soft_max_f32).
             let mut sum = 0.0f64;
-            for chunk in scores[..n_pos].chunks_mut(LANES) {
+            for chunk in scores[..n_seen].chunks_mut(LANES) {
                 let mut lanes = [0.0f32; LANES];
                 for (l, s) in chunk.iter_mut().enumerate() {
                     *s = order::expf(*s - max);
@@ -1444,15 +1689,16 @@ impl OpCtx<'_> {
             // p % width (see cpu::ggml_order); slots are stored [slot][d] so that one position
             // updates a contiguous row of head_dim accumulators (vectorizable, same order).
             accs.fill(0.0);
-            for (p, s) in scores[..n_pos].iter().enumerate() {
+            for (i, s) in scores[..n_seen].iter().enumerate() {
+                let p = first + i;
                 let prob = f16::from_f32(*s * inv).to_f32();
                 // SAFETY: read-only, as above.
                 let vrow = unsafe {
                     self.kv
                         .mem
-                        .slice::<f16>(self.kv.row_offset(layer, true, p), kv_dim)
+                        .slice::<f16>(v_base + ring_slot(p, rows) * rb, kv_dim)
                 };
-                let slot = p % width;
+                let slot = i % width;
                 let acc = &mut accs[slot * head_dim..(slot + 1) * head_dim];
                 order::axpy_f16(acc, &vrow[kvh * head_dim..(kvh + 1) * head_dim], prob);
             }
@@ -1547,6 +1793,8 @@ mod sync_tests {
             n_head_kv: 1,
             head_dim: 4,
             scale: 1.0,
+            window: None,
+            softcap: None,
             out: v[3],
         });
         let pg = PlannedGraph::new(g, vec![0, 16, 32, 48]);
