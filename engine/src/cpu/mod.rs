@@ -33,6 +33,8 @@ mod f32;
 pub mod ggml_order;
 mod iq4_nl;
 mod iq4_xs;
+#[cfg(target_arch = "x86_64")]
+mod kquant_order;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod ops;
@@ -50,6 +52,8 @@ mod q8_1;
 mod q8_k;
 #[cfg(test)]
 mod quant_vectors;
+#[cfg(target_arch = "x86_64")]
+mod repack;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -581,6 +585,18 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q5_K) => avx2_quants::dot_q5_k_q8_k(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q3_K) => {
+                kquant_order::avx2::dot_q3_k_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_XS) => {
+                kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q3_K) => kquant_order::dot_q3_k_q8_k(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_XS) => kquant_order::dot_iq4_xs_q8_k(blocks(w), blocks(x)),
             (_, GgmlType::F32) => f32::vec_dot(w, x),
             (_, GgmlType::F16) => f16::vec_dot(w, x),
             (_, GgmlType::BF16) => bf16::vec_dot(w, x),
@@ -594,12 +610,14 @@ impl Kernels {
             (_, GgmlType::Q5_0) => q5_0::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q5_1) => q5_1::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q2_K) => q2_k::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q3_K) => q3_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q4_K) => q4_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q5_K) => q5_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q6_K) => q6_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q8_K) => q8_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::IQ4_NL) => iq4_nl::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::IQ4_XS) => iq4_xs::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Unsupported(id)) => panic!("vec_dot: unsupported weight type id {id}"),
         }
@@ -631,6 +649,9 @@ impl Kernels {
         assert_eq!(y.len(), rows.len(), "matvec: y must have one slot per row");
         assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
         assert!(x_q.len() >= xb, "matvec: activation too short");
+        // llama.cpp repacks some types into 8-row groups, by the whole matrix's row count.
+        #[cfg(target_arch = "x86_64")]
+        let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
         let w = &w[rows.start * rb..rows.end * rb];
         let x = &x_q[..xb];
         if rb == 0 {
@@ -647,6 +668,49 @@ impl Kernels {
             };
         }
         match (self.isa, w_ty) {
+            // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                rows_with!(|wr| repack::avx2::dot_q4_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                rows_with!(|wr| repack::dot_q4_0_q8_0(blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_NL) if repacked => {
+                rows_with!(|wr| repack::dot_iq4_nl_q8_0(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_K) if repacked => {
+                rows_with!(|wr| repack::dot_q4_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q3_K) => {
+                rows_with!(|wr| kquant_order::avx2::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_XS) => {
+                rows_with!(|wr| kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q3_K) => {
+                rows_with!(|wr| kquant_order::dot_q3_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_XS) => {
+                rows_with!(|wr| kquant_order::dot_iq4_xs_q8_k(blocks(wr), blocks(x)))
+            }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) => {
                 let xb = blocks(x);
@@ -738,12 +802,14 @@ impl Kernels {
             (_, GgmlType::Q5_0) => rows_with!(|wr| q5_0::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q5_1) => rows_with!(|wr| q5_1::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q2_K) => rows_with!(|wr| q2_k::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q3_K) => rows_with!(|wr| q3_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q4_K) => rows_with!(|wr| q4_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q5_K) => rows_with!(|wr| q5_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q6_K) => rows_with!(|wr| q6_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q8_K) => rows_with!(|wr| q8_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::IQ4_NL) => rows_with!(|wr| iq4_nl::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::IQ4_XS) => rows_with!(|wr| iq4_xs::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::F32) => rows_with!(|wr| f32::vec_dot(wr, x)),
             (_, GgmlType::F16) => rows_with!(|wr| f16::vec_dot(wr, x)),
@@ -807,6 +873,11 @@ impl Kernels {
                 return false;
             }
             let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
+            // Q4_0 matrices llama.cpp repacks add in another order (see `matvec`), which has
+            // no multi-token kernel yet.
+            if w_ty == GgmlType::Q4_0 && rb != 0 && repack::repacked_shape(w.len() / rb) {
+                return false;
+            }
             let xb = row_bytes_checked("matvec", vec_dot_type(w_ty), n)
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");

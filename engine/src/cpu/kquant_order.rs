@@ -1,0 +1,139 @@
+//! Q3_K · Q8_K and IQ4_XS · Q8_K in the float order of ggml's x86 kernels
+//! (`ggml_vec_dot_q3_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K` of `arch/x86/quants.c`, the `__AVX2__`
+//! branch, which llama.cpp's AVX-512 build compiles too). llama.cpp does not repack these types
+//! (see `repack.rs`), so these are what it runs for them on x86.
+//!
+//! Both have the shape of the other x86 k-quant dots (`avx2_quants.rs`): per super-block eight
+//! exact i32 lanes, lane `i` holding, for every 32-element group `g`, the products of elements
+//! `32g + 4i .. 32g + 4i + 4` times that element's sub-block scale (`maddubs` pairs, `madd`
+//! with the scales); the lanes converted to f32 and fused-multiply-added with the block's scale
+//! product into an 8-lane accumulator; at the end `hsum_float_8`. The scale products are
+//! `d_x * d_w` for Q3_K and `d_w * d_x` for IQ4_XS (f32 products, so the order does not matter).
+//!
+//! As in `repack.rs`: a portable body (the scalar kernel set on x86-64) and the same body
+//! compiled with AVX2 + FMA, bit-identical.
+
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
+use super::f16_le;
+use super::iq4_nl::KVALUES_IQ4NL;
+use super::iq4_xs::BlockIq4Xs;
+use super::q3_k::BlockQ3_K;
+use super::q8_k::{BlockQ8_K, QK_K};
+
+/// ggml's `hsum_float_8`: `(lo + hi)`, then `(l0 + l2) + (l1 + l3)`.
+#[inline(always)]
+fn hsum8(a: &[f32; 8]) -> f32 {
+    let s = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// Adds `scale * (products of elements base + 4i .. base + 4i + 4)` to lane `i`, for a 32-element
+/// group of weights `q` (already signed values) at activations `y`, where elements 0..16 of the
+/// group take `scale_lo` and 16..32 `scale_hi` (Q3_K's 16-element sub-blocks; IQ4_XS passes
+/// the same scale twice).
+#[inline(always)]
+fn group_lanes(lanes: &mut [i32; 8], q: &[i8], y: &[i8], scale_lo: i32, scale_hi: i32) {
+    for i in 0..8 {
+        let mut s = 0i32;
+        for e in 4 * i..4 * i + 4 {
+            s += i32::from(q[e]) * i32::from(y[e]);
+        }
+        lanes[i] += if i < 4 { scale_lo } else { scale_hi } * s;
+    }
+}
+
+#[inline(always)]
+fn q3_k_body(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let sc = bw.scales();
+        let q = bw.quants();
+        let mut lanes = [0i32; 8];
+        for g in 0..QK_K / 32 {
+            let r = 32 * g..32 * g + 32;
+            group_lanes(
+                &mut lanes,
+                &q[r.clone()],
+                &bx.qs[r],
+                sc[2 * g],
+                sc[2 * g + 1],
+            );
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+#[inline(always)]
+fn iq4_xs_body(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_le(bw.d) * bx.d();
+        let mut lanes = [0i32; 8];
+        for k in 0..QK_K / 32 {
+            let qs = &bw.qs[16 * k..16 * k + 16];
+            let mut q = [0i8; 32];
+            for j in 0..16 {
+                q[j] = KVALUES_IQ4NL[usize::from(qs[j] & 0x0F)];
+                q[j + 16] = KVALUES_IQ4NL[usize::from(qs[j] >> 4)];
+            }
+            let ls = bw.scale(k);
+            group_lanes(&mut lanes, &q, &bx.qs[32 * k..32 * k + 32], ls, ls);
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Q3_K · Q8_K in the order of ggml's x86 `ggml_vec_dot_q3_K_q8_K` (portable).
+pub(super) fn dot_q3_k_q8_k(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q3_k_body(w, x)
+}
+
+/// IQ4_XS · Q8_K in the order of ggml's x86 `ggml_vec_dot_iq4_xs_q8_K` (portable).
+pub(super) fn dot_iq4_xs_q8_k(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    iq4_xs_body(w, x)
+}
+
+/// The same functions compiled for AVX2 + FMA, bit-identical to the portable ones.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    use super::super::avx2::Token;
+    use super::*;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q3_k_impl(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+        q3_k_body(w, x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_impl(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+        iq4_xs_body(w, x)
+    }
+
+    // SAFETY (both wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA
+    // and F16C on this CPU, the features the implementations are compiled for.
+
+    /// [`super::dot_q3_k_q8_k`] with AVX2.
+    pub(in super::super) fn dot_q3_k_q8_k(_: Token, w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q3_k_impl(w, x) }
+    }
+
+    /// [`super::dot_iq4_xs_q8_k`] with AVX2.
+    pub(in super::super) fn dot_iq4_xs_q8_k(_: Token, w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { iq4_xs_impl(w, x) }
+    }
+}
