@@ -137,3 +137,67 @@ pub(super) mod avx2 {
         unsafe { iq4_xs_impl(w, x) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::blocks;
+    use super::super::repack::tests::{exact, q8_k_row, random_blocks, scale};
+    use super::super::testutil::Rng;
+    use super::*;
+    use crate::tensor::GgmlType as T;
+
+    /// The x86 orders equal the f64 dot within rounding, the AVX2 kernels equal the portable
+    /// ones bit for bit, and both kernel sets dispatch to them: random blocks with random scales,
+    /// odd block counts, extreme values (largest f16 scales, activations all -128).
+    #[test]
+    fn x86_orders_exact_and_avx2_bit_identical() {
+        let mut r = Rng::new(5);
+        #[cfg(target_arch = "x86_64")]
+        let token = super::super::avx2::Token::detect();
+        for nb in [1usize, 2, 3, 7] {
+            for extreme in [false, true] {
+                // Q3_K: f16 d last (bytes 108..110); IQ4_XS: f16 d first.
+                let q3 = random_blocks(&mut r, nb, 110, |r, b| {
+                    b[108..].copy_from_slice(&scale(r, extreme))
+                });
+                let iq = random_blocks(&mut r, nb, 136, |r, b| {
+                    b[..2].copy_from_slice(&scale(r, extreme))
+                });
+                let x = q8_k_row(&mut r, nb, extreme);
+                let got_q3 = dot_q3_k_q8_k(blocks(&q3), blocks(&x));
+                let got_iq = dot_iq4_xs_q8_k(blocks(&iq), blocks(&x));
+                if !extreme {
+                    for (ty, w, got) in [(T::Q3_K, &q3, got_q3), (T::IQ4_XS, &iq, got_iq)] {
+                        let (want, mag) = exact(ty, w, T::Q8_K, &x, nb * QK_K);
+                        assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "{ty} {nb}");
+                    }
+                }
+                let scalar = super::super::Kernels::scalar();
+                assert_eq!(
+                    scalar.vec_dot(T::Q3_K, nb * QK_K, &q3, &x).to_bits(),
+                    got_q3.to_bits()
+                );
+                assert_eq!(
+                    scalar.vec_dot(T::IQ4_XS, nb * QK_K, &iq, &x).to_bits(),
+                    got_iq.to_bits()
+                );
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = token {
+                    let a = avx2::dot_q3_k_q8_k(t, blocks(&q3), blocks(&x));
+                    let b = avx2::dot_iq4_xs_q8_k(t, blocks(&iq), blocks(&x));
+                    assert_eq!(a.to_bits(), got_q3.to_bits(), "Q3_K nb={nb} {extreme}");
+                    assert_eq!(b.to_bits(), got_iq.to_bits(), "IQ4_XS nb={nb} {extreme}");
+                    let k = super::super::Kernels::avx2().unwrap();
+                    assert_eq!(
+                        k.vec_dot(T::Q3_K, nb * QK_K, &q3, &x).to_bits(),
+                        a.to_bits()
+                    );
+                    assert_eq!(
+                        k.vec_dot(T::IQ4_XS, nb * QK_K, &iq, &x).to_bits(),
+                        b.to_bits()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -873,11 +873,8 @@ impl Kernels {
                 return false;
             }
             let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
-            // Q4_0 matrices llama.cpp repacks add in another order (see `matvec`), which has
-            // no multi-token kernel yet.
-            if w_ty == GgmlType::Q4_0 && rb != 0 && repack::repacked_shape(w.len() / rb) {
-                return false;
-            }
+            // Q4_0 matrices llama.cpp repacks add in another order (see `matvec`).
+            let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
             let xb = row_bytes_checked("matvec", vec_dot_type(w_ty), n)
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
@@ -909,6 +906,7 @@ impl Kernels {
             }
             match w_ty {
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
+                GgmlType::Q4_0 if repacked => rows_with!(repack::avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }

@@ -130,21 +130,110 @@ pub(super) fn dot_q4_k_q8_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     q4_k_body(w, x)
 }
 
-/// The same functions compiled for AVX2 + FMA (the integer dots vectorized; `mul_add` one
-/// `vfmadd`), bit-identical to the portable ones: same integer results, same float operations.
+/// The same orders with AVX2 + FMA, bit-identical to the portable functions (same exact integer
+/// block dots, same float operations): Q4_0 and IQ4_NL with intrinsics, Q4_K as the portable
+/// body compiled for AVX2 (the compiler vectorizes its integer loops).
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::super::avx2::Token;
     use super::*;
+    use std::arch::x86_64::*;
+
+    /// Sum of the 8 i32 lanes (block dots are at most 32 * 128 * 128 in magnitude: no overflow).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// The 32 indices of a 4-bit block as bytes in element order (low nibbles = 0..15, high
+    /// nibbles = 16..31).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(qs: &[u8; QK / 2]) -> __m256i {
+        // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
+        let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+        let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    }
+
+    /// 32 activation quants.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_q8(qs: &[i8; QK]) -> __m256i {
+        // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
+        unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
+    }
+
+    /// `sum (q - 8) * y` of one Q4_0 block: `maddubs(q, y) - maddubs(8, y)` (unsigned left
+    /// operands, pair sums within i16 for every i8 activation, -128 included), then pairs to i32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_block(q: __m256i, y: __m256i) -> i32 {
+        let qy = _mm256_maddubs_epi16(q, y);
+        let ey = _mm256_maddubs_epi16(_mm256_set1_epi8(8), y);
+        hsum_i32(_mm256_madd_epi16(
+            _mm256_sub_epi16(qy, ey),
+            _mm256_set1_epi16(1),
+        ))
+    }
+
+    /// `sum table[q] * y` of one block whose indices are `q`: the table lookup with `pshufb`,
+    /// then both sides widened to i16 and multiplied with `madd` (exact for all i8 values).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lut_block(table: __m256i, q: __m256i, y: __m256i) -> i32 {
+        let v = _mm256_shuffle_epi8(table, q);
+        let lo = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y)),
+        );
+        let hi = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y, 1)),
+        );
+        hsum_i32(_mm256_add_epi32(lo, hi))
+    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_0_impl(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
-        q4_0_body(w, x)
+        let mut acc = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let isum = q4_0_block(nibbles(&bw.qs), load_q8(&bx.qs));
+            acc = (isum as f32).mul_add(bw.d() * bx.d(), acc);
+        }
+        acc
+    }
+
+    /// [`q4_0_impl`] of one weight row with `N` activation rows (the nibbles unpacked once).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_xn_impl<const N: usize>(w: &[BlockQ4_0], x: [&[BlockQ8_0]; N]) -> [f32; N] {
+        let mut acc = [0.0f32; N];
+        for (i, bw) in w.iter().enumerate() {
+            let q = nibbles(&bw.qs);
+            let dw = bw.d();
+            for t in 0..N {
+                // SAFETY: i < w.len() <= x[t].len() (caller).
+                let bx = unsafe { x[t].get_unchecked(i) };
+                let isum = q4_0_block(q, load_q8(&bx.qs));
+                acc[t] = (isum as f32).mul_add(dw * bx.d(), acc[t]);
+            }
+        }
+        acc
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_nl_impl(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
-        iq4_nl_body(w, x)
+        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
+        let t = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+        let table = _mm256_set_m128i(t, t);
+        let mut acc = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let isum = lut_block(table, nibbles(&bw.qs), load_q8(&bx.qs));
+            acc = (isum as f32).mul_add(bw.d() * bx.d(), acc);
+        }
+        acc
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -162,6 +251,23 @@ pub(super) mod avx2 {
         unsafe { q4_0_impl(w, x) }
     }
 
+    /// [`dot_q4_0_q8_0`] of one weight row with `N` activation rows, bit-identical to `N` calls.
+    ///
+    /// # Panics
+    /// If an activation row has fewer blocks than `w`.
+    pub(in super::super) fn dot_q4_0_q8_0_xn<const N: usize>(
+        _: Token,
+        w: &[BlockQ4_0],
+        x: [&[BlockQ8_0]; N],
+    ) -> [f32; N] {
+        assert!(
+            x.iter().all(|r| r.len() >= w.len()),
+            "activation row too short"
+        );
+        // SAFETY: see above; lengths checked.
+        unsafe { q4_0_xn_impl(w, x) }
+    }
+
     /// [`super::dot_iq4_nl_q8_0`] with AVX2.
     pub(in super::super) fn dot_iq4_nl_q8_0(_: Token, w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
         debug_assert_eq!(w.len(), x.len());
@@ -174,5 +280,213 @@ pub(super) mod avx2 {
         debug_assert_eq!(w.len(), x.len());
         // SAFETY: see above.
         unsafe { q4_k_impl(w, x) }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::super::testutil::Rng;
+    use super::super::{blocks, f16_le_bytes, BlockQ8_K};
+    use super::*;
+
+    /// `n` random blocks of `size` bytes; `fix` then sets each block's scale fields.
+    pub(in crate::cpu) fn random_blocks(
+        r: &mut Rng,
+        n: usize,
+        size: usize,
+        mut fix: impl FnMut(&mut Rng, &mut [u8]),
+    ) -> Vec<u8> {
+        let mut b = r.bytes(n * size);
+        for blk in b.chunks_exact_mut(size) {
+            fix(r, blk);
+        }
+        b
+    }
+
+    /// A finite f16 scale: random in magnitude (2^-14 .. 2^2) and sign, or the largest f16.
+    pub(in crate::cpu) fn scale(r: &mut Rng, extreme: bool) -> [u8; 2] {
+        if extreme {
+            return f16_le_bytes(65504.0);
+        }
+        let e = (r.next_u64() % 17) as i32 - 14;
+        f16_le_bytes(r.f32(1.0) * 2f32.powi(e))
+    }
+
+    /// Q8_0 activations: random quants (-128 included) or all -128 / 127 (extreme).
+    pub(in crate::cpu) fn q8_0_row(r: &mut Rng, n: usize, extreme: bool) -> Vec<u8> {
+        random_blocks(r, n, 34, |r, b| {
+            b[..2].copy_from_slice(&scale(r, extreme));
+            if extreme {
+                let v = if r.next_u64() % 2 == 0 { 0x80 } else { 0x7F };
+                b[2..].fill(v);
+            }
+        })
+    }
+
+    /// Q8_K activations with consistent `bsums`.
+    pub(in crate::cpu) fn q8_k_row(r: &mut Rng, n: usize, extreme: bool) -> Vec<u8> {
+        random_blocks(r, n, 292, |r, b| {
+            let d = if extreme { 3.0e38 } else { r.f32(0.05) };
+            b[..4].copy_from_slice(&d.to_le_bytes());
+            if extreme {
+                b[4..260].fill(0x80);
+            }
+            for k in 0..16 {
+                let s: i32 = b[4 + 16 * k..4 + 16 * k + 16]
+                    .iter()
+                    .map(|&v| i32::from(v as i8))
+                    .sum();
+                b[260 + 2 * k..262 + 2 * k].copy_from_slice(&(s as i16).to_le_bytes());
+            }
+        })
+    }
+
+    /// The f64 dot of dequantized weights and activations, and the sum of |terms|.
+    pub(in crate::cpu) fn exact(
+        w_ty: crate::tensor::GgmlType,
+        w: &[u8],
+        x_ty: crate::tensor::GgmlType,
+        x: &[u8],
+        n: usize,
+    ) -> (f64, f64) {
+        let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+        super::super::dequantize_row(w_ty, w, &mut wf).unwrap();
+        super::super::dequantize_row(x_ty, x, &mut xf).unwrap();
+        let dot = wf
+            .iter()
+            .zip(&xf)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        let mag = wf
+            .iter()
+            .zip(&xf)
+            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+            .sum();
+        (dot, mag)
+    }
+
+    /// The repacked orders equal the f64 dot within rounding, and (where the CPU has AVX2) the
+    /// AVX2 kernels equal the portable ones bit for bit: random blocks with random scales, odd
+    /// block counts, extreme values (largest f16 scales, activations all -128 or 127).
+    #[test]
+    fn repacked_orders_exact_and_avx2_bit_identical() {
+        use crate::tensor::GgmlType as T;
+        let mut r = Rng::new(7);
+        #[cfg(target_arch = "x86_64")]
+        let token = super::super::avx2::Token::detect();
+        for nb in [1usize, 3, 7, 18] {
+            for extreme in [false, true] {
+                // Q4_0 and IQ4_NL (18-byte blocks, f16 scale first).
+                for ty in [T::Q4_0, T::IQ4_NL] {
+                    let w = random_blocks(&mut r, nb, 18, |r, b| {
+                        b[..2].copy_from_slice(&scale(r, extreme))
+                    });
+                    let x = q8_0_row(&mut r, nb, extreme);
+                    let got = if ty == T::Q4_0 {
+                        dot_q4_0_q8_0(blocks(&w), blocks(&x))
+                    } else {
+                        dot_iq4_nl_q8_0(blocks(&w), blocks(&x))
+                    };
+                    let (want, mag) = exact(ty, &w, T::Q8_0, &x, nb * 32);
+                    if want.is_finite() && mag.is_finite() && mag < 1e37 {
+                        assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "{ty} {nb}");
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(t) = token {
+                        let simd = if ty == T::Q4_0 {
+                            avx2::dot_q4_0_q8_0(t, blocks(&w), blocks(&x))
+                        } else {
+                            avx2::dot_iq4_nl_q8_0(t, blocks(&w), blocks(&x))
+                        };
+                        assert_eq!(simd.to_bits(), got.to_bits(), "{ty} nb={nb} {extreme}");
+                        if ty == T::Q4_0 {
+                            let x2 = q8_0_row(&mut r, nb, !extreme);
+                            let [a, b] =
+                                avx2::dot_q4_0_q8_0_xn(t, blocks(&w), [blocks(&x), blocks(&x2)]);
+                            assert_eq!(a.to_bits(), got.to_bits());
+                            let want2 = dot_q4_0_q8_0(blocks(&w), blocks(&x2));
+                            assert_eq!(b.to_bits(), want2.to_bits());
+                        }
+                    }
+                }
+                // Q4_K (f16 d and dmin first).
+                let w = random_blocks(&mut r, nb, 144, |r, b| {
+                    b[..2].copy_from_slice(&scale(r, extreme));
+                    b[2..4].copy_from_slice(&scale(r, extreme));
+                });
+                let x = q8_k_row(&mut r, nb, extreme);
+                let xb: &[BlockQ8_K] = blocks(&x);
+                let got = dot_q4_k_q8_k(blocks(&w), xb);
+                let (want, mag) = exact(T::Q4_K, &w, T::Q8_K, &x, nb * 256);
+                if !extreme {
+                    assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "Q4_K {nb}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = token {
+                    let simd = avx2::dot_q4_k_q8_k(t, blocks(&w), xb);
+                    assert_eq!(simd.to_bits(), got.to_bits(), "Q4_K nb={nb} {extreme}");
+                }
+            }
+        }
+    }
+
+    /// `Kernels::matvec` on x86-64 takes the repacked order for matrices of a multiple of 8 rows and
+    /// the `vec_dot` order otherwise, in every kernel set.
+    #[test]
+    fn matvec_picks_the_order_by_the_matrix_row_count() {
+        use super::super::{Kernels, MATVEC_TOKENS};
+        use crate::tensor::GgmlType as T;
+        let mut r = Rng::new(11);
+        let nb = 5;
+        for (ty, size) in [(T::Q4_0, 18), (T::IQ4_NL, 18), (T::Q4_K, 144)] {
+            let (n, x) = if ty == T::Q4_K {
+                (nb * 256, q8_k_row(&mut r, nb, false))
+            } else {
+                (nb * 32, q8_0_row(&mut r, nb, false))
+            };
+            let row_bytes = nb * size;
+            for rows in [7usize, 8, 16] {
+                let w = random_blocks(&mut r, rows * nb, size, |r, b| {
+                    b[..2].copy_from_slice(&scale(r, false));
+                    if size == 144 {
+                        b[2..4].copy_from_slice(&scale(r, false));
+                    }
+                });
+                for k in Kernels::available() {
+                    let mut y = vec![0f32; rows - 1];
+                    k.matvec(ty, n, &w, &x, 1..rows, &mut y);
+                    // The multi-token kernel (where there is one) gives the same bits.
+                    let mut ys = vec![vec![f32::NAN; rows - 1]; MATVEC_TOKENS];
+                    let [a, b, c, d] = &mut ys[..] else {
+                        unreachable!()
+                    };
+                    let xs = [&x[..]; MATVEC_TOKENS];
+                    if k.matvec_tokens(ty, n, &w, xs, 1..rows, [a, b, c, d]) {
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        for yt in &ys {
+                            assert_eq!(bits(yt), bits(&y), "{} {ty} rows={rows}", k.isa_name());
+                        }
+                    }
+                    for (i, got) in y.iter().enumerate() {
+                        let wr = &w[(i + 1) * row_bytes..(i + 2) * row_bytes];
+                        let want = if rows % 8 != 0 {
+                            k.vec_dot(ty, n, wr, &x)
+                        } else {
+                            match ty {
+                                T::Q4_0 => dot_q4_0_q8_0(blocks(wr), blocks(&x)),
+                                T::IQ4_NL => dot_iq4_nl_q8_0(blocks(wr), blocks(&x)),
+                                _ => dot_q4_k_q8_k(blocks(wr), blocks(&x)),
+                            }
+                        };
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{} {ty} rows={rows} row {i}",
+                            k.isa_name()
+                        );
+                    }
+                }
+            }
+        }
     }
 }
