@@ -1,7 +1,9 @@
-//! Q3_K · Q8_K and IQ4_XS · Q8_K in the float order of ggml's x86 kernels
-//! (`ggml_vec_dot_q3_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K` of `arch/x86/quants.c`, the `__AVX2__`
-//! branch, which llama.cpp's AVX-512 build compiles too). llama.cpp does not repack these types
-//! (see `repack.rs`), so these are what it runs for them on x86.
+//! Q2_K, Q3_K and IQ4_XS · Q8_K in the float order of ggml's x86 kernels
+//! (`ggml_vec_dot_q2_K_q8_K`, `ggml_vec_dot_q3_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K` of
+//! `arch/x86/quants.c`, the `__AVX2__` branch, which llama.cpp's AVX-512 build compiles too).
+//! llama.cpp does not repack Q3_K and IQ4_XS (see `repack.rs`), so these are what it runs for
+//! them on x86; Q2_K matrices of a multiple of 8 rows it repacks on AVX-512 CPUs
+//! (`repack::dot_q2_k_q8_k`), the others run this order.
 //!
 //! Both have the shape of the other x86 k-quant dots (`avx2_quants.rs`): per super-block eight
 //! exact i32 lanes, lane `i` holding, for every 32-element group `g`, the products of elements
@@ -9,6 +11,8 @@
 //! with the scales); the lanes converted to f32 and fused-multiply-added with the block's scale
 //! product into an 8-lane accumulator; at the end `hsum_float_8`. The scale products are
 //! `d_x * d_w` for Q3_K and `d_w * d_x` for IQ4_XS (f32 products, so the order does not matter).
+//! Q2_K's min term goes into the same accumulator first: lane `i` gets
+//! `fma(-d_x * dmin_w, m_2i * bsum_2i + m_2i+1 * bsum_2i+1, acc)`, then the scaled quants' lane.
 //!
 //! As in `repack.rs`: a portable body (the scalar kernel set on x86-64) and the same body
 //! compiled with AVX2 + FMA, bit-identical.
@@ -19,6 +23,7 @@
 use super::f16_le;
 use super::iq4_nl::KVALUES_IQ4NL;
 use super::iq4_xs::BlockIq4Xs;
+use super::q2_k::BlockQ2_K;
 use super::q3_k::BlockQ3_K;
 use super::q8_k::{BlockQ8_K, QK_K};
 
@@ -42,6 +47,31 @@ fn group_lanes(lanes: &mut [i32; 8], q: &[i8], y: &[i8], scale_lo: i32, scale_hi
         }
         lanes[i] += if i < 4 { scale_lo } else { scale_hi } * s;
     }
+}
+
+#[inline(always)]
+fn q2_k_body(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let dmin = -bx.d() * f16_le(bw.dmin);
+        for (i, a) in acc.iter_mut().enumerate() {
+            let prod = i32::from(bw.scales[2 * i] >> 4) * bx.bsum(2 * i)
+                + i32::from(bw.scales[2 * i + 1] >> 4) * bx.bsum(2 * i + 1);
+            *a = dmin.mul_add(prod as f32, *a);
+        }
+        let q = bw.quants().map(|v| v as i8);
+        let mut lanes = [0i32; 8];
+        for g in 0..QK_K / 32 {
+            let r = 32 * g..32 * g + 32;
+            let (lo, hi) = (bw.scales[2 * g] & 0x0F, bw.scales[2 * g + 1] & 0x0F);
+            group_lanes(&mut lanes, &q[r.clone()], &bx.qs[r], lo.into(), hi.into());
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
 }
 
 #[inline(always)]
@@ -92,6 +122,12 @@ fn iq4_xs_body(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
     hsum8(&acc)
 }
 
+/// Q2_K · Q8_K in the order of ggml's x86 `ggml_vec_dot_q2_K_q8_K` (portable).
+pub(super) fn dot_q2_k_q8_k(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q2_k_body(w, x)
+}
+
 /// Q3_K · Q8_K in the order of ggml's x86 `ggml_vec_dot_q3_K_q8_K` (portable).
 pub(super) fn dot_q3_k_q8_k(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
@@ -111,6 +147,11 @@ pub(super) mod avx2 {
     use super::*;
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q2_k_impl(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        q2_k_body(w, x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q3_k_impl(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
         q3_k_body(w, x)
     }
@@ -120,8 +161,15 @@ pub(super) mod avx2 {
         iq4_xs_body(w, x)
     }
 
-    // SAFETY (both wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA
+    // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA
     // and F16C on this CPU, the features the implementations are compiled for.
+
+    /// [`super::dot_q2_k_q8_k`] with AVX2.
+    pub(in super::super) fn dot_q2_k_q8_k(_: Token, w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q2_k_impl(w, x) }
+    }
 
     /// [`super::dot_q3_k_q8_k`] with AVX2.
     pub(in super::super) fn dot_q3_k_q8_k(_: Token, w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
@@ -163,16 +211,30 @@ mod tests {
                 let iq = random_blocks(&mut r, nb, 136, |r, b| {
                     b[..2].copy_from_slice(&scale(r, extreme))
                 });
+                // Q2_K: f16 d and dmin last (bytes 80..84).
+                let q2 = random_blocks(&mut r, nb, 84, |r, b| {
+                    b[80..82].copy_from_slice(&scale(r, extreme));
+                    b[82..].copy_from_slice(&scale(r, extreme));
+                });
                 let x = q8_k_row(&mut r, nb, extreme);
+                let got_q2 = dot_q2_k_q8_k(blocks(&q2), blocks(&x));
                 let got_q3 = dot_q3_k_q8_k(blocks(&q3), blocks(&x));
                 let got_iq = dot_iq4_xs_q8_k(blocks(&iq), blocks(&x));
                 if !extreme {
-                    for (ty, w, got) in [(T::Q3_K, &q3, got_q3), (T::IQ4_XS, &iq, got_iq)] {
+                    for (ty, w, got) in [
+                        (T::Q2_K, &q2, got_q2),
+                        (T::Q3_K, &q3, got_q3),
+                        (T::IQ4_XS, &iq, got_iq),
+                    ] {
                         let (want, mag) = exact(ty, w, T::Q8_K, &x, nb * QK_K);
                         assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "{ty} {nb}");
                     }
                 }
                 let scalar = super::super::Kernels::scalar();
+                assert_eq!(
+                    scalar.vec_dot(T::Q2_K, nb * QK_K, &q2, &x).to_bits(),
+                    got_q2.to_bits()
+                );
                 assert_eq!(
                     scalar.vec_dot(T::Q3_K, nb * QK_K, &q3, &x).to_bits(),
                     got_q3.to_bits()
@@ -183,11 +245,17 @@ mod tests {
                 );
                 #[cfg(target_arch = "x86_64")]
                 if let Some(t) = token {
+                    let c = avx2::dot_q2_k_q8_k(t, blocks(&q2), blocks(&x));
+                    assert_eq!(c.to_bits(), got_q2.to_bits(), "Q2_K nb={nb} {extreme}");
                     let a = avx2::dot_q3_k_q8_k(t, blocks(&q3), blocks(&x));
                     let b = avx2::dot_iq4_xs_q8_k(t, blocks(&iq), blocks(&x));
                     assert_eq!(a.to_bits(), got_q3.to_bits(), "Q3_K nb={nb} {extreme}");
                     assert_eq!(b.to_bits(), got_iq.to_bits(), "IQ4_XS nb={nb} {extreme}");
                     let k = super::super::Kernels::avx2().unwrap();
+                    assert_eq!(
+                        k.vec_dot(T::Q2_K, nb * QK_K, &q2, &x).to_bits(),
+                        c.to_bits()
+                    );
                     assert_eq!(
                         k.vec_dot(T::Q3_K, nb * QK_K, &q3, &x).to_bits(),
                         a.to_bits()

@@ -586,6 +586,10 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) => {
+                kquant_order::avx2::dot_q2_k_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q3_K) => {
                 kquant_order::avx2::dot_q3_k_q8_k(t, blocks(w), blocks(x))
             }
@@ -593,6 +597,8 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::IQ4_XS) => {
                 kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(w), blocks(x))
             }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) => kquant_order::dot_q2_k_q8_k(blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q3_K) => kquant_order::dot_q3_k_q8_k(blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
@@ -609,6 +615,7 @@ impl Kernels {
             (_, GgmlType::Q8_1) => q8_1::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q5_0) => q5_0::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q5_1) => q5_1::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q2_K) => q2_k::vec_dot(blocks(w), blocks(x)),
             #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q3_K) => q3_k::vec_dot(blocks(w), blocks(x)),
@@ -683,6 +690,14 @@ impl Kernels {
                 rows_with!(|wr| repack::avx2::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) if repacked => {
+                rows_with!(|wr| repack::dot_q2_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q4_0) if repacked => {
                 let xb = blocks(x);
                 rows_with!(|wr| repack::dot_q4_0_q8_0(blocks(wr), xb))
@@ -696,12 +711,20 @@ impl Kernels {
                 rows_with!(|wr| repack::dot_q4_k_q8_k(blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) => {
+                rows_with!(|wr| kquant_order::avx2::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q3_K) => {
                 rows_with!(|wr| kquant_order::avx2::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::IQ4_XS) => {
                 rows_with!(|wr| kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) => {
+                rows_with!(|wr| kquant_order::dot_q2_k_q8_k(blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q3_K) => {
@@ -801,6 +824,7 @@ impl Kernels {
             }
             (_, GgmlType::Q5_0) => rows_with!(|wr| q5_0::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q5_1) => rows_with!(|wr| q5_1::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q2_K) => rows_with!(|wr| q2_k::vec_dot(blocks(wr), blocks(x))),
             #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q3_K) => rows_with!(|wr| q3_k::vec_dot(blocks(wr), blocks(x))),

@@ -37,14 +37,15 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
+use super::q2_k::BlockQ2_K;
 use super::q4_0::BlockQ4_0;
 use super::q4_k::{scale_min_k4, BlockQ4_K};
 use super::q8_0::BlockQ8_0;
 use super::q8_k::BlockQ8_K;
 use super::{f16_le, QK};
 
-/// Whether llama.cpp repacks a matrix of `rows` rows of a type that it repacks on AVX2 (Q4_0,
-/// IQ4_NL, Q4_K): `ne[1] % 8 == 0`.
+/// Whether llama.cpp repacks a matrix of `rows` rows of a type that it repacks on the reference
+/// CPU (Q4_0, IQ4_NL, Q4_K with AVX2; Q2_K with AVX-512): `ne[1] % 8 == 0`.
 #[inline]
 pub(super) fn repacked_shape(rows: usize) -> bool {
     rows % 8 == 0
@@ -110,6 +111,36 @@ fn q4_k_body(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
         acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
     }
     acc - acc_min
+}
+
+/// `ggml_gemv_q2_K_8x8_q8_K` (AVX-512 CPUs): Q4_K's shape, with sixteen 16-element sub-blocks
+/// whose 4-bit scale and min are the nibbles of `scales[k]`, and the mins against `bsums[k]`.
+#[inline(always)]
+fn q2_k_body(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = 0.0f32;
+    let mut acc_min = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let q = bw.quants();
+        let (mut isum, mut mins) = (0i32, 0i32);
+        for k in 0..16 {
+            let mut s = 0i32;
+            for l in 16 * k..16 * k + 16 {
+                s += i32::from(q[l]) * i32::from(bx.qs[l]);
+            }
+            isum += i32::from(bw.scales[k] & 0x0F) * s;
+            mins += i32::from(bw.scales[k] >> 4) * bx.bsum(k);
+        }
+        let dx = bx.d();
+        acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
+        acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+    }
+    acc - acc_min
+}
+
+/// Q2_K · Q8_K in the order of `ggml_gemv_q2_K_8x8_q8_K` (portable).
+pub(super) fn dot_q2_k_q8_k(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q2_k_body(w, x)
 }
 
 /// Q4_0 · Q8_0 in the order of `ggml_gemv_q4_0_8x8_q8_0` (portable).
@@ -237,6 +268,11 @@ pub(super) mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q2_k_impl(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        q2_k_body(w, x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
         q4_k_body(w, x)
     }
@@ -273,6 +309,13 @@ pub(super) mod avx2 {
         debug_assert_eq!(w.len(), x.len());
         // SAFETY: see above.
         unsafe { iq4_nl_impl(w, x) }
+    }
+
+    /// [`super::dot_q2_k_q8_k`] with AVX2.
+    pub(in super::super) fn dot_q2_k_q8_k(_: Token, w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q2_k_impl(w, x) }
     }
 
     /// [`super::dot_q4_k_q8_k`] with AVX2.
@@ -409,12 +452,27 @@ pub(super) mod tests {
                         }
                     }
                 }
+                // Q2_K (f16 d and dmin last).
+                let x = q8_k_row(&mut r, nb, extreme);
+                let w = random_blocks(&mut r, nb, 84, |r, b| {
+                    b[80..82].copy_from_slice(&scale(r, extreme));
+                    b[82..].copy_from_slice(&scale(r, extreme));
+                });
+                let got = dot_q2_k_q8_k(blocks(&w), blocks(&x));
+                let (want, mag) = exact(T::Q2_K, &w, T::Q8_K, &x, nb * 256);
+                if !extreme {
+                    assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "Q2_K {nb}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = token {
+                    let simd = avx2::dot_q2_k_q8_k(t, blocks(&w), blocks(&x));
+                    assert_eq!(simd.to_bits(), got.to_bits(), "Q2_K nb={nb} {extreme}");
+                }
                 // Q4_K (f16 d and dmin first).
                 let w = random_blocks(&mut r, nb, 144, |r, b| {
                     b[..2].copy_from_slice(&scale(r, extreme));
                     b[2..4].copy_from_slice(&scale(r, extreme));
                 });
-                let x = q8_k_row(&mut r, nb, extreme);
                 let xb: &[BlockQ8_K] = blocks(&x);
                 let got = dot_q4_k_q8_k(blocks(&w), xb);
                 let (want, mag) = exact(T::Q4_K, &w, T::Q8_K, &x, nb * 256);
@@ -438,8 +496,13 @@ pub(super) mod tests {
         use crate::tensor::GgmlType as T;
         let mut r = Rng::new(11);
         let nb = 5;
-        for (ty, size) in [(T::Q4_0, 18), (T::IQ4_NL, 18), (T::Q4_K, 144)] {
-            let (n, x) = if ty == T::Q4_K {
+        for (ty, size) in [
+            (T::Q4_0, 18),
+            (T::IQ4_NL, 18),
+            (T::Q4_K, 144),
+            (T::Q2_K, 84),
+        ] {
+            let (n, x) = if matches!(ty, T::Q4_K | T::Q2_K) {
                 (nb * 256, q8_k_row(&mut r, nb, false))
             } else {
                 (nb * 32, q8_0_row(&mut r, nb, false))
@@ -447,7 +510,12 @@ pub(super) mod tests {
             let row_bytes = nb * size;
             for rows in [7usize, 8, 16] {
                 let w = random_blocks(&mut r, rows * nb, size, |r, b| {
-                    b[..2].copy_from_slice(&scale(r, false));
+                    if size == 84 {
+                        b[80..82].copy_from_slice(&scale(r, false));
+                        b[82..].copy_from_slice(&scale(r, false));
+                    } else {
+                        b[..2].copy_from_slice(&scale(r, false));
+                    }
                     if size == 144 {
                         b[2..4].copy_from_slice(&scale(r, false));
                     }
@@ -475,6 +543,7 @@ pub(super) mod tests {
                             match ty {
                                 T::Q4_0 => dot_q4_0_q8_0(blocks(wr), blocks(&x)),
                                 T::IQ4_NL => dot_iq4_nl_q8_0(blocks(wr), blocks(&x)),
+                                T::Q2_K => dot_q2_k_q8_k(blocks(wr), blocks(&x)),
                                 _ => dot_q4_k_q8_k(blocks(wr), blocks(&x)),
                             }
                         };
