@@ -638,6 +638,10 @@ impl Kernels {
     /// `y` is indexed relative to `rows.start` (`y.len() == rows.len()`), so that threads can
     /// split one output with `chunks_mut` / `split_at_mut`.
     ///
+    /// `w` must be the whole matrix: on x86-64 its row count (`w.len() / row_bytes(n)`) decides
+    /// the summation order of Q4_0, IQ4_NL, Q4_K and Q2_K, as llama.cpp repacks those matrices
+    /// when it is a multiple of 8 (see `repack.rs`).
+    ///
     /// # Panics
     /// If `w_ty` is unsupported, `n` is not whole blocks, `y.len() != rows.len()`, or `w` / `x_q`
     /// are too short (the executor sizes them from the validated model, so these are bugs).

@@ -20,8 +20,8 @@
 //! `quantize_row_q8_K`, the same as the unrepacked path) and multiplies with `gemv`. Batches of
 //! four or more tokens use `gemm`, which by ggml's code adds each output in the same per-block
 //! order as `gemv`, with activations from `ggml_quantize_mat_q8_*_4x8`, which give the same
-//! quants and scales as `from_float` except (Q8_K) for a block holding both `+max` and `-max`;
-//! so this order serves prefill too.
+//! quants and scales as `from_float` (Q8_K: negated quants and scale where a block holds both
+//! `+max` and `-max`, the same products); so this order serves prefill too.
 //!
 //! The `gemv` kernels keep one f32 accumulator lane per weight row (8 rows in a register), so a
 //! row's result depends only on that row: per block, the exact integer dot of the block (with the
