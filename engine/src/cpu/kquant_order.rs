@@ -14,8 +14,8 @@
 //! Q2_K's min term goes into the same accumulator first: lane `i` gets
 //! `fma(-d_x * dmin_w, m_2i * bsum_2i + m_2i+1 * bsum_2i+1, acc)`, then the scaled quants' lane.
 //!
-//! As in `repack.rs`: a portable body (the scalar kernel set on x86-64) and the same body
-//! compiled with AVX2 + FMA, bit-identical.
+//! As in `repack.rs`: a portable function (the scalar kernel set on x86-64) and an AVX2 one,
+//! bit-identical (tested).
 
 // Indexing mirrors ggml's block layout (several arrays addressed by one element index).
 #![allow(clippy::needless_range_loop)]
@@ -140,25 +140,141 @@ pub(super) fn dot_iq4_xs_q8_k(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
     iq4_xs_body(w, x)
 }
 
-/// The same functions compiled for AVX2 + FMA, bit-identical to the portable ones.
+/// The same orders with AVX2 intrinsics, bit-identical to the portable functions: the lanes'
+/// integer sums are exact either way (the products are widened to i16 and summed with `madd`,
+/// exact for every i8 value, -128 included), the float operations are the same.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::super::avx2::Token;
     use super::*;
+    use std::arch::x86_64::*;
+
+    /// 32 weight values and 32 activations (i8, element order) -> 8 i32 lanes, lane `i` the sum
+    /// of the products of elements `4i .. 4i + 4`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_lanes(q: __m256i, y: __m256i) -> __m256i {
+        let lo = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y)),
+        );
+        let hi = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y, 1)),
+        );
+        // hadd gives [L0 L1 L4 L5 | L2 L3 L6 L7]; the permute puts them in order.
+        _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(lo, hi),
+            _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
+        )
+    }
+
+    /// Lanes 0..4 times `lo`, lanes 4..8 times `hi` (the two 16-element sub-blocks of a group).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scaled(lanes: __m256i, lo: i32, hi: i32) -> __m256i {
+        _mm256_mullo_epi32(
+            lanes,
+            _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo)),
+        )
+    }
+
+    /// 32 bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load32<T>(b: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(b) >= 32);
+        // SAFETY: at least 32 readable bytes (asserted); `loadu` has no alignment requirement.
+        unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+    }
+
+    /// `hsum_float_8` of a register.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum(acc: __m256) -> f32 {
+        let mut a = [0.0f32; 8];
+        // SAFETY: `a` is 8 f32; `storeu` has no alignment requirement.
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
+        hsum8(&a)
+    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q2_k_impl(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
-        q2_k_body(w, x)
+        let m3 = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_ps();
+        for (bw, bx) in w.iter().zip(x) {
+            let d = bx.d() * f16_le(bw.d);
+            let dmin = -bx.d() * f16_le(bw.dmin);
+            // SAFETY: `scales` is 16 readable bytes; `loadu` has no alignment requirement.
+            let sc = unsafe { _mm_loadu_si128(bw.scales.as_ptr().cast()) };
+            let mins =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
+            let prod = _mm256_madd_epi16(mins, load32(&bx.bsums));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+            let mut lanes = _mm256_setzero_si256();
+            for j in 0..2 {
+                let q2 = load32(&bw.qs[32 * j..]);
+                for k in 0..4 {
+                    let g = 4 * j + k;
+                    let shift = _mm_cvtsi32_si128(2 * k as i32);
+                    let q = _mm256_and_si256(_mm256_srl_epi16(q2, shift), m3);
+                    let p = group_lanes(q, load32(&bx.qs[32 * g..]));
+                    let (lo, hi) = (bw.scales[2 * g] & 0x0F, bw.scales[2 * g + 1] & 0x0F);
+                    lanes = _mm256_add_epi32(lanes, scaled(p, lo.into(), hi.into()));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        }
+        hsum(acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q3_k_impl(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
-        q3_k_body(w, x)
+        let m3 = _mm256_set1_epi8(3);
+        let four = _mm256_set1_epi8(4);
+        let mut acc = _mm256_setzero_ps();
+        for (bw, bx) in w.iter().zip(x) {
+            let d = bx.d() * f16_le(bw.d);
+            let sc = bw.scales();
+            let hm = load32(&bw.hmask);
+            let mut lanes = _mm256_setzero_si256();
+            for j in 0..2 {
+                let q3 = load32(&bw.qs[32 * j..]);
+                for k in 0..4 {
+                    let g = 4 * j + k;
+                    let shift = _mm_cvtsi32_si128(2 * k as i32);
+                    let low = _mm256_and_si256(_mm256_srl_epi16(q3, shift), m3);
+                    // A clear high bit subtracts 4.
+                    let bit = _mm256_set1_epi8((1u8 << g) as i8);
+                    let clear =
+                        _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+                    let q = _mm256_sub_epi8(low, _mm256_and_si256(clear, four));
+                    let p = group_lanes(q, load32(&bx.qs[32 * g..]));
+                    lanes = _mm256_add_epi32(lanes, scaled(p, sc[2 * g], sc[2 * g + 1]));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        }
+        hsum(acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs_impl(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
-        iq4_xs_body(w, x)
+        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
+        let table = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+        let m4 = _mm_set1_epi8(15);
+        let mut acc = _mm256_setzero_ps();
+        for (bw, bx) in w.iter().zip(x) {
+            let d = f16_le(bw.d) * bx.d();
+            let mut lanes = _mm256_setzero_si256();
+            for k in 0..QK_K / 32 {
+                // SAFETY: 16 readable bytes at qs[16k] (k < 8, qs has 128).
+                let qs = unsafe { _mm_loadu_si128(bw.qs[16 * k..16 * k + 16].as_ptr().cast()) };
+                let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
+                let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
+                let p = group_lanes(_mm256_set_m128i(hi, lo), load32(&bx.qs[32 * k..]));
+                let ls = bw.scale(k);
+                lanes = _mm256_add_epi32(lanes, scaled(p, ls, ls));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        }
+        hsum(acc)
     }
 
     // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA
