@@ -164,9 +164,8 @@ pub(super) fn dot_q4_k_q8_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     q4_k_body(w, x)
 }
 
-/// The same orders with AVX2 + FMA, bit-identical to the portable functions (same exact integer
-/// block dots, same float operations): Q4_0 and IQ4_NL with intrinsics, Q4_K as the portable
-/// body compiled for AVX2 (the compiler vectorizes its integer loops).
+/// The same orders with AVX2 intrinsics, bit-identical to the portable functions (same exact
+/// integer block dots, same float operations).
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::super::avx2::Token;
@@ -270,14 +269,80 @@ pub(super) mod avx2 {
         acc
     }
 
+    /// 32 bytes.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q2_k_impl(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
-        q2_k_body(w, x)
+    unsafe fn load32<T>(b: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(b) >= 32);
+        // SAFETY: at least 32 readable bytes (asserted); `loadu` has no alignment requirement.
+        unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
     }
 
+    /// Q2_K: per 32-element group, `maddubs` of the 2-bit quants (unsigned, pair sums within
+    /// i16) with the activations, `madd` with the two 16-element sub-blocks' scales.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q2_k_impl(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        let m3 = _mm256_set1_epi8(3);
+        let mut acc = 0.0f32;
+        let mut acc_min = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let mut lanes = _mm256_setzero_si256();
+            let mut mins = 0i32;
+            for k in 0..16 {
+                mins += i32::from(bw.scales[k] >> 4) * bx.bsum(k);
+            }
+            for j in 0..2 {
+                let q2 = load32(&bw.qs[32 * j..]);
+                for k in 0..4 {
+                    let g = 4 * j + k;
+                    let shift = _mm_cvtsi32_si128(2 * k as i32);
+                    let q = _mm256_and_si256(_mm256_srl_epi16(q2, shift), m3);
+                    let p = _mm256_maddubs_epi16(q, load32(&bx.qs[32 * g..]));
+                    let sc = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(bw.scales[2 * g + 1] & 0x0F)),
+                        _mm_set1_epi16(i16::from(bw.scales[2 * g] & 0x0F)),
+                    );
+                    lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(p, sc));
+                }
+            }
+            let isum = hsum_i32(lanes);
+            let dx = bx.d();
+            acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
+            acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+        }
+        acc - acc_min
+    }
+
+    /// Q4_K: per 64 elements, `maddubs` of the low / high nibbles (pair sums at most
+    /// 2 * 15 * 128) with the activations, `madd` with the sub-block's scale.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
-        q4_k_body(w, x)
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = 0.0f32;
+        let mut acc_min = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let mut lanes = _mm256_setzero_si256();
+            let mut mins = 0i32;
+            for c in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * c, &bw.scales);
+                let (sc2, m2) = scale_min_k4(2 * c + 1, &bw.scales);
+                mins += i32::from(m1) * (bx.bsum(4 * c) + bx.bsum(4 * c + 1))
+                    + i32::from(m2) * (bx.bsum(4 * c + 2) + bx.bsum(4 * c + 3));
+                let q = load32(&bw.qs[32 * c..]);
+                let lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), load32(&bx.qs[64 * c..]));
+                let hi = _mm256_maddubs_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                    load32(&bx.qs[64 * c + 32..]),
+                );
+                let lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(i16::from(sc1)));
+                let hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(i16::from(sc2)));
+                lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(lo, hi));
+            }
+            let isum = hsum_i32(lanes);
+            let dx = bx.d();
+            acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
+            acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+        }
+        acc - acc_min
     }
 
     // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA and
