@@ -2,8 +2,9 @@
 //! AVX2 code (`ggml_vec_dot_q5_0_q8_0` / llamafile's tinyBLAS, `ggml_vec_dot_q5_1_q8_1`, tinyBLAS
 //! for IQ4_NL, `ggml_vec_dot_q{4,5,6}_K_q8_K`), so that files of these types give llama.cpp's
 //! numbers on x86-64. Measured in `tests/tests/quant_reference.rs`: Q5_0, Q5_1, Q5_K and Q6_K
-//! files give llama.cpp's logits exactly; Q4_K and IQ4_NL do not, because llama.cpp repacks those
-//! weights on x86 and runs other kernels (see the README).
+//! files give llama.cpp's logits exactly. Q4_K and IQ4_NL matrices with a multiple of 8 rows are
+//! repacked by llama.cpp on x86 and run other kernels: `Kernels::matvec` uses `repack.rs` for
+//! those, these dots for the others (and for `vec_dot`).
 //!
 //! The shape every one of them shares: per block, eight exact i32 lane sums, lane `i` holding the
 //! (scaled) products of elements `4i..4i+4` of each 32-element group (what `maddubs` + `madd`

@@ -32,7 +32,7 @@ unsafe impl Block for BlockIq4Xs {}
 impl BlockIq4Xs {
     /// Sub-block `k`'s scale, unbiased (-32..=31).
     #[inline(always)]
-    fn scale(&self, k: usize) -> i32 {
+    pub(super) fn scale(&self, k: usize) -> i32 {
         let h = u16::from_le_bytes(self.scales_h);
         let lo = (self.scales_l[k / 2] >> (4 * (k % 2))) & 0x0F;
         let hi = ((h >> (2 * k)) & 3) as u8;
@@ -57,6 +57,7 @@ pub(super) fn dequantize_row(src: &[BlockIq4Xs], dst: &mut [f32]) {
 }
 
 /// IQ4_XS weights . Q8_K activations (scalar reference).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))] // x86-64 runs `kquant_order`
 pub(super) fn vec_dot(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut sumf = 0.0f32;

@@ -35,6 +35,8 @@ mod f32;
 pub mod ggml_order;
 mod iq4_nl;
 mod iq4_xs;
+#[cfg(target_arch = "x86_64")]
+mod kquant_order;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod ops;
@@ -52,6 +54,8 @@ mod q8_1;
 mod q8_k;
 #[cfg(test)]
 mod quant_vectors;
+#[cfg(target_arch = "x86_64")]
+mod repack;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -602,6 +606,24 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q5_K) => avx2_quants::dot_q5_k_q8_k(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) => {
+                kquant_order::avx2::dot_q2_k_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q3_K) => {
+                kquant_order::avx2::dot_q3_k_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_XS) => {
+                kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) => kquant_order::dot_q2_k_q8_k(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q3_K) => kquant_order::dot_q3_k_q8_k(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_XS) => kquant_order::dot_iq4_xs_q8_k(blocks(w), blocks(x)),
             (_, GgmlType::F32) => f32::vec_dot(w, x),
             (_, GgmlType::F16) => f16::vec_dot(w, x),
             (_, GgmlType::BF16) => bf16::vec_dot(w, x),
@@ -614,13 +636,16 @@ impl Kernels {
             (_, GgmlType::Q8_1) => q8_1::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q5_0) => q5_0::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q5_1) => q5_1::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q2_K) => q2_k::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q3_K) => q3_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q4_K) => q4_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q5_K) => q5_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q6_K) => q6_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Q8_K) => q8_k::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::IQ4_NL) => iq4_nl::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::IQ4_XS) => iq4_xs::vec_dot(blocks(w), blocks(x)),
             (_, GgmlType::Unsupported(id)) => panic!("vec_dot: unsupported weight type id {id}"),
         }
@@ -633,6 +658,10 @@ impl Kernels {
     ///
     /// `y` is indexed relative to `rows.start` (`y.len() == rows.len()`), so that threads can
     /// split one output with `chunks_mut` / `split_at_mut`.
+    ///
+    /// `w` must be the whole matrix: on x86-64 its row count (`w.len() / row_bytes(n)`) decides
+    /// the summation order of Q4_0, IQ4_NL, Q4_K and Q2_K, as llama.cpp repacks those matrices
+    /// when it is a multiple of 8 (see `repack.rs`).
     ///
     /// # Panics
     /// If `w_ty` is unsupported, `n` is not whole blocks, `y.len() != rows.len()`, or `w` / `x_q`
@@ -652,16 +681,20 @@ impl Kernels {
         assert_eq!(y.len(), rows.len(), "matvec: y must have one slot per row");
         assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
         assert!(x_q.len() >= xb, "matvec: activation too short");
+        // llama.cpp repacks some types into 8-row groups, by the whole matrix's row count.
+        #[cfg(target_arch = "x86_64")]
+        let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
         let w = &w[rows.start * rb..rows.end * rb];
         let x = &x_q[..xb];
         if rb == 0 {
             y.fill(0.0);
             return;
         }
-        // The AVX2 Q4_0/Q4_1/Q8_0 kernels prefetch inside their loops (see avx2.rs).
+        // The AVX2 Q4_0/Q4_1/Q8_0 kernels of avx2.rs prefetch inside their loops.
         #[cfg(target_arch = "x86_64")]
         let streams_itself = matches!(self.isa, Isa::Avx2(_))
-            && matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+            && (matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+                || (w_ty == GgmlType::Q4_0 && !repacked));
         #[cfg(not(target_arch = "x86_64"))]
         let streams_itself = false;
         // One dispatch per call; the per-row closure is monomorphic in the type.
@@ -676,6 +709,65 @@ impl Kernels {
             };
         }
         match (self.isa, w_ty) {
+            // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                rows_with!(|wr| repack::avx2::dot_q4_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) if repacked => {
+                rows_with!(|wr| repack::dot_q2_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                rows_with!(|wr| repack::dot_q4_0_q8_0(blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_NL) if repacked => {
+                rows_with!(|wr| repack::dot_iq4_nl_q8_0(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_K) if repacked => {
+                rows_with!(|wr| repack::dot_q4_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) => {
+                rows_with!(|wr| kquant_order::avx2::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q3_K) => {
+                rows_with!(|wr| kquant_order::avx2::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_XS) => {
+                rows_with!(|wr| kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) => {
+                rows_with!(|wr| kquant_order::dot_q2_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q3_K) => {
+                rows_with!(|wr| kquant_order::dot_q3_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_XS) => {
+                rows_with!(|wr| kquant_order::dot_iq4_xs_q8_k(blocks(wr), blocks(x)))
+            }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) => {
                 let xb = blocks(x);
@@ -766,13 +858,16 @@ impl Kernels {
             }
             (_, GgmlType::Q5_0) => rows_with!(|wr| q5_0::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q5_1) => rows_with!(|wr| q5_1::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q2_K) => rows_with!(|wr| q2_k::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::Q3_K) => rows_with!(|wr| q3_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q4_K) => rows_with!(|wr| q4_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q5_K) => rows_with!(|wr| q5_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q6_K) => rows_with!(|wr| q6_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::Q8_K) => rows_with!(|wr| q8_k::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::IQ4_NL) => rows_with!(|wr| iq4_nl::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
             (_, GgmlType::IQ4_XS) => rows_with!(|wr| iq4_xs::vec_dot(blocks(wr), blocks(x))),
             (_, GgmlType::F32) => rows_with!(|wr| f32::vec_dot(wr, x)),
             (_, GgmlType::F16) => rows_with!(|wr| f16::vec_dot(wr, x)),
@@ -836,6 +931,8 @@ impl Kernels {
                 return false;
             }
             let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
+            // Q4_0 matrices llama.cpp repacks add in another order (see `matvec`).
+            let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
             let xb = row_bytes_checked("matvec", vec_dot_type(w_ty), n)
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
@@ -867,6 +964,7 @@ impl Kernels {
             }
             match w_ty {
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
+                GgmlType::Q4_0 if repacked => rows_with!(repack::avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }

@@ -50,7 +50,7 @@ impl BlockQ3_K {
 
     /// The 256 quants (-4..=3) in element order.
     #[inline(always)]
-    fn quants(&self) -> [i8; QK_K] {
+    pub(super) fn quants(&self) -> [i8; QK_K] {
         let mut q = [0i8; QK_K];
         for half in 0..2 {
             let src = &self.qs[32 * half..32 * half + 32];
@@ -83,6 +83,7 @@ pub(super) fn dequantize_row(src: &[BlockQ3_K], dst: &mut [f32]) {
 }
 
 /// Q3_K weights . Q8_K activations (scalar reference).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))] // x86-64 runs `kquant_order`
 pub(super) fn vec_dot(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut sumf = 0.0f32;

@@ -1,0 +1,629 @@
+//! The per-row float order of llama.cpp's *repacked* x86 kernels, for the single-token case.
+//!
+//! llama.cpp's CPU backend (`ggml/src/ggml-cpu/repack.cpp`, `ggml_repack_get_optimal_repack_type`)
+//! stores some weight types in an extra "CPU_REPACK" buffer at load, interleaving 8 rows, and
+//! multiplies them with its own kernels (`arch/x86/repack.cpp`). On an x86 CPU with AVX2 (the
+//! reference machine: AVX2 + AVX-512 incl. VNNI/BW/VL, the peer built with `-mavx2 ... -mavx512f
+//! -mavx512vnni`, `GGML_USE_CPU_REPACK`), a 2-D weight of `ne[1]` rows gets:
+//!
+//! | type   | repacked when        | layout / activation  | one token (`gemv`)            |
+//! |--------|----------------------|----------------------|-------------------------------|
+//! | Q4_0   | AVX2, rows % 8 == 0  | `q4_0x8`, Q8_0       | `ggml_gemv_q4_0_8x8_q8_0`     |
+//! | IQ4_NL | AVX2, rows % 8 == 0  | `iq4_nlx8`, Q8_0     | `ggml_gemv_iq4_nl_8x8_q8_0`   |
+//! | Q4_K   | AVX2, rows % 8 == 0  | `q4_Kx8`, Q8_K       | `ggml_gemv_q4_K_8x8_q8_K`     |
+//! | Q2_K   | AVX-512, rows % 8 == 0 | `q2_Kx8`, Q8_K     | `ggml_gemv_q2_K_8x8_q8_K`     |
+//!
+//! Q5_K, Q6_K and Q8_0 are repacked only on ARM (NEON i8mm/dotprod); Q3_K, Q5_0, Q5_1, Q4_1 and
+//! IQ4_XS never: those run ggml's `ggml_vec_dot_*` of `arch/x86/quants.c` (AVX2 branch; see
+//! `avx2_quants.rs` and `kquant_order.rs`). One token is one activation row, which the repacked
+//! `forward_mul_mat` quantizes with the type's ordinary `from_float` (`quantize_row_q8_0` /
+//! `quantize_row_q8_K`, the same as the unrepacked path) and multiplies with `gemv`. Batches of
+//! four or more tokens use `gemm`, which by ggml's code adds each output in the same per-block
+//! order as `gemv`, with activations from `ggml_quantize_mat_q8_*_4x8`, which give the same
+//! quants and scales as `from_float` (Q8_K: negated quants and scale where a block holds both
+//! `+max` and `-max`, the same products); so this order serves prefill too.
+//!
+//! The `gemv` kernels keep one f32 accumulator lane per weight row (8 rows in a register), so a
+//! row's result depends only on that row: per block, the exact integer dot of the block (with the
+//! sub-block scales applied in integers for Q4_K) converted to f32 and fused-multiply-added with
+//! `d_w * d_x`; no horizontal reduction. Q4_K also accumulates the min term `sum m_k * bsum_k`
+//! per super-block in a second lane (`fma(mins, dmin_w * d_x, acc_min)`) and returns
+//! `acc - acc_min`. The functions here are that order for one row; the integer sums are exact in
+//! both engines (ggml's i16 partial sums cannot overflow for valid blocks: at most 16 * 15 * 128).
+//!
+//! Each has a portable body (the scalar kernel set on x86-64 runs it, so every instruction-set
+//! path gives the same bits) and the same body compiled with AVX2 + FMA, where the integer dots
+//! are vectorized. [`super::Kernels::matvec`] picks these for matrices whose row count is a
+//! multiple of 8, as llama.cpp does.
+
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
+use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
+use super::q2_k::BlockQ2_K;
+use super::q4_0::BlockQ4_0;
+use super::q4_k::{scale_min_k4, BlockQ4_K};
+use super::q8_0::BlockQ8_0;
+use super::q8_k::BlockQ8_K;
+use super::{f16_le, QK};
+
+/// Whether llama.cpp repacks a matrix of `rows` rows of a type that it repacks on the reference
+/// CPU (Q4_0, IQ4_NL, Q4_K with AVX2; Q2_K with AVX-512): `ne[1] % 8 == 0`.
+#[inline]
+pub(super) fn repacked_shape(rows: usize) -> bool {
+    rows % 8 == 0
+}
+
+/// Exact integer dot of a 32-element block of 4-bit indices (low nibble = element `j`, high =
+/// element `j + 16`) mapped through `table`, with 32 activations.
+#[inline(always)]
+fn block_dot_lut(qs: &[u8; QK / 2], table: &[i8; 16], x: &[i8; QK]) -> i32 {
+    let mut s = 0i32;
+    for j in 0..QK / 2 {
+        s += i32::from(table[usize::from(qs[j] & 0x0F)]) * i32::from(x[j])
+            + i32::from(table[usize::from(qs[j] >> 4)]) * i32::from(x[j + 16]);
+    }
+    s
+}
+
+/// Q4_0's nibble values as ggml's repacked kernel maps them (`q - 8`).
+const Q4_0_VALUES: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
+
+#[inline(always)]
+fn q4_0_body(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let isum = block_dot_lut(&bw.qs, &Q4_0_VALUES, &bx.qs);
+        acc = (isum as f32).mul_add(bw.d() * bx.d(), acc);
+    }
+    acc
+}
+
+#[inline(always)]
+fn iq4_nl_body(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let isum = block_dot_lut(&bw.qs, &KVALUES_IQ4NL, &bx.qs);
+        acc = (isum as f32).mul_add(bw.d() * bx.d(), acc);
+    }
+    acc
+}
+
+#[inline(always)]
+fn q4_k_body(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = 0.0f32;
+    let mut acc_min = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let (mut isum, mut mins) = (0i32, 0i32);
+        for c in 0..4 {
+            let q = &bw.qs[32 * c..32 * c + 32];
+            let y = &bx.qs[64 * c..64 * c + 64];
+            let (sc1, m1) = scale_min_k4(2 * c, &bw.scales);
+            let (sc2, m2) = scale_min_k4(2 * c + 1, &bw.scales);
+            let (mut s1, mut s2) = (0i32, 0i32);
+            for l in 0..32 {
+                s1 += i32::from(q[l] & 0x0F) * i32::from(y[l]);
+                s2 += i32::from(q[l] >> 4) * i32::from(y[l + 32]);
+            }
+            isum += i32::from(sc1) * s1 + i32::from(sc2) * s2;
+            mins += i32::from(m1) * (bx.bsum(4 * c) + bx.bsum(4 * c + 1))
+                + i32::from(m2) * (bx.bsum(4 * c + 2) + bx.bsum(4 * c + 3));
+        }
+        let dx = bx.d();
+        acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
+        acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+    }
+    acc - acc_min
+}
+
+/// `ggml_gemv_q2_K_8x8_q8_K` (AVX-512 CPUs): Q4_K's shape, with sixteen 16-element sub-blocks
+/// whose 4-bit scale and min are the nibbles of `scales[k]`, and the mins against `bsums[k]`.
+#[inline(always)]
+fn q2_k_body(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = 0.0f32;
+    let mut acc_min = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let q = bw.quants();
+        let (mut isum, mut mins) = (0i32, 0i32);
+        for k in 0..16 {
+            let mut s = 0i32;
+            for l in 16 * k..16 * k + 16 {
+                s += i32::from(q[l]) * i32::from(bx.qs[l]);
+            }
+            isum += i32::from(bw.scales[k] & 0x0F) * s;
+            mins += i32::from(bw.scales[k] >> 4) * bx.bsum(k);
+        }
+        let dx = bx.d();
+        acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
+        acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+    }
+    acc - acc_min
+}
+
+/// Q2_K · Q8_K in the order of `ggml_gemv_q2_K_8x8_q8_K` (portable).
+pub(super) fn dot_q2_k_q8_k(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q2_k_body(w, x)
+}
+
+/// Q4_0 · Q8_0 in the order of `ggml_gemv_q4_0_8x8_q8_0` (portable).
+pub(super) fn dot_q4_0_q8_0(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q4_0_body(w, x)
+}
+
+/// IQ4_NL · Q8_0 in the order of `ggml_gemv_iq4_nl_8x8_q8_0` (portable).
+pub(super) fn dot_iq4_nl_q8_0(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    iq4_nl_body(w, x)
+}
+
+/// Q4_K · Q8_K in the order of `ggml_gemv_q4_K_8x8_q8_K` (portable).
+pub(super) fn dot_q4_k_q8_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q4_k_body(w, x)
+}
+
+/// The same orders with AVX2 intrinsics, bit-identical to the portable functions (same exact
+/// integer block dots, same float operations).
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    use super::super::avx2::Token;
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Sum of the 8 i32 lanes (block dots are at most 32 * 128 * 128 in magnitude: no overflow).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// The 32 indices of a 4-bit block as bytes in element order (low nibbles = 0..15, high
+    /// nibbles = 16..31).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(qs: &[u8; QK / 2]) -> __m256i {
+        // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
+        let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+        let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    }
+
+    /// 32 activation quants.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_q8(qs: &[i8; QK]) -> __m256i {
+        // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
+        unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
+    }
+
+    /// `sum (q - 8) * y` of one Q4_0 block: `maddubs(q, y) - maddubs(8, y)` (unsigned left
+    /// operands, pair sums within i16 for every i8 activation, -128 included), then pairs to i32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_block(q: __m256i, y: __m256i) -> i32 {
+        let qy = _mm256_maddubs_epi16(q, y);
+        let ey = _mm256_maddubs_epi16(_mm256_set1_epi8(8), y);
+        hsum_i32(_mm256_madd_epi16(
+            _mm256_sub_epi16(qy, ey),
+            _mm256_set1_epi16(1),
+        ))
+    }
+
+    /// `sum table[q] * y` of one block whose indices are `q`: the table lookup with `pshufb`,
+    /// then both sides widened to i16 and multiplied with `madd` (exact for all i8 values).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lut_block(table: __m256i, q: __m256i, y: __m256i) -> i32 {
+        let v = _mm256_shuffle_epi8(table, q);
+        let lo = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y)),
+        );
+        let hi = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y, 1)),
+        );
+        hsum_i32(_mm256_add_epi32(lo, hi))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_impl(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+        let mut acc = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let isum = q4_0_block(nibbles(&bw.qs), load_q8(&bx.qs));
+            acc = (isum as f32).mul_add(bw.d() * bx.d(), acc);
+        }
+        acc
+    }
+
+    /// [`q4_0_impl`] of one weight row with `N` activation rows (the nibbles unpacked once).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_xn_impl<const N: usize>(w: &[BlockQ4_0], x: [&[BlockQ8_0]; N]) -> [f32; N] {
+        let mut acc = [0.0f32; N];
+        for (i, bw) in w.iter().enumerate() {
+            let q = nibbles(&bw.qs);
+            let dw = bw.d();
+            for t in 0..N {
+                // SAFETY: i < w.len() <= x[t].len() (caller).
+                let bx = unsafe { x[t].get_unchecked(i) };
+                let isum = q4_0_block(q, load_q8(&bx.qs));
+                acc[t] = (isum as f32).mul_add(dw * bx.d(), acc[t]);
+            }
+        }
+        acc
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_nl_impl(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
+        let t = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+        let table = _mm256_set_m128i(t, t);
+        let mut acc = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let isum = lut_block(table, nibbles(&bw.qs), load_q8(&bx.qs));
+            acc = (isum as f32).mul_add(bw.d() * bx.d(), acc);
+        }
+        acc
+    }
+
+    /// 32 bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load32<T>(b: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(b) >= 32);
+        // SAFETY: at least 32 readable bytes (asserted); `loadu` has no alignment requirement.
+        unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+    }
+
+    /// Q2_K: per 32-element group, `maddubs` of the 2-bit quants (unsigned, pair sums within
+    /// i16) with the activations, `madd` with the two 16-element sub-blocks' scales.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q2_k_impl(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        let m3 = _mm256_set1_epi8(3);
+        let mut acc = 0.0f32;
+        let mut acc_min = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let mut lanes = _mm256_setzero_si256();
+            let mut mins = 0i32;
+            for k in 0..16 {
+                mins += i32::from(bw.scales[k] >> 4) * bx.bsum(k);
+            }
+            for j in 0..2 {
+                let q2 = load32(&bw.qs[32 * j..]);
+                for k in 0..4 {
+                    let g = 4 * j + k;
+                    let shift = _mm_cvtsi32_si128(2 * k as i32);
+                    let q = _mm256_and_si256(_mm256_srl_epi16(q2, shift), m3);
+                    let p = _mm256_maddubs_epi16(q, load32(&bx.qs[32 * g..]));
+                    let sc = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(bw.scales[2 * g + 1] & 0x0F)),
+                        _mm_set1_epi16(i16::from(bw.scales[2 * g] & 0x0F)),
+                    );
+                    lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(p, sc));
+                }
+            }
+            let isum = hsum_i32(lanes);
+            let dx = bx.d();
+            acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
+            acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+        }
+        acc - acc_min
+    }
+
+    /// Q4_K: per 64 elements, `maddubs` of the low / high nibbles (pair sums at most
+    /// 2 * 15 * 128) with the activations, `madd` with the sub-block's scale.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = 0.0f32;
+        let mut acc_min = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let mut lanes = _mm256_setzero_si256();
+            let mut mins = 0i32;
+            for c in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * c, &bw.scales);
+                let (sc2, m2) = scale_min_k4(2 * c + 1, &bw.scales);
+                mins += i32::from(m1) * (bx.bsum(4 * c) + bx.bsum(4 * c + 1))
+                    + i32::from(m2) * (bx.bsum(4 * c + 2) + bx.bsum(4 * c + 3));
+                let q = load32(&bw.qs[32 * c..]);
+                let lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), load32(&bx.qs[64 * c..]));
+                let hi = _mm256_maddubs_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                    load32(&bx.qs[64 * c + 32..]),
+                );
+                let lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(i16::from(sc1)));
+                let hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(i16::from(sc2)));
+                lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(lo, hi));
+            }
+            let isum = hsum_i32(lanes);
+            let dx = bx.d();
+            acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
+            acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+        }
+        acc - acc_min
+    }
+
+    // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA and
+    // F16C on this CPU, the features the implementations are compiled for.
+
+    /// [`super::dot_q4_0_q8_0`] with AVX2.
+    pub(in super::super) fn dot_q4_0_q8_0(_: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q4_0_impl(w, x) }
+    }
+
+    /// [`dot_q4_0_q8_0`] of one weight row with `N` activation rows, bit-identical to `N` calls.
+    ///
+    /// # Panics
+    /// If an activation row has fewer blocks than `w`.
+    pub(in super::super) fn dot_q4_0_q8_0_xn<const N: usize>(
+        _: Token,
+        w: &[BlockQ4_0],
+        x: [&[BlockQ8_0]; N],
+    ) -> [f32; N] {
+        assert!(
+            x.iter().all(|r| r.len() >= w.len()),
+            "activation row too short"
+        );
+        // SAFETY: see above; lengths checked.
+        unsafe { q4_0_xn_impl(w, x) }
+    }
+
+    /// [`super::dot_iq4_nl_q8_0`] with AVX2.
+    pub(in super::super) fn dot_iq4_nl_q8_0(_: Token, w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { iq4_nl_impl(w, x) }
+    }
+
+    /// [`super::dot_q2_k_q8_k`] with AVX2.
+    pub(in super::super) fn dot_q2_k_q8_k(_: Token, w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q2_k_impl(w, x) }
+    }
+
+    /// [`super::dot_q4_k_q8_k`] with AVX2.
+    pub(in super::super) fn dot_q4_k_q8_k(_: Token, w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q4_k_impl(w, x) }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::super::testutil::Rng;
+    use super::super::{blocks, f16_le_bytes, BlockQ8_K};
+    use super::*;
+
+    /// `n` random blocks of `size` bytes; `fix` then sets each block's scale fields.
+    pub(in crate::cpu) fn random_blocks(
+        r: &mut Rng,
+        n: usize,
+        size: usize,
+        mut fix: impl FnMut(&mut Rng, &mut [u8]),
+    ) -> Vec<u8> {
+        let mut b = r.bytes(n * size);
+        for blk in b.chunks_exact_mut(size) {
+            fix(r, blk);
+        }
+        b
+    }
+
+    /// A finite f16 scale: random in magnitude (2^-14 .. 2^2) and sign, or the largest f16.
+    pub(in crate::cpu) fn scale(r: &mut Rng, extreme: bool) -> [u8; 2] {
+        if extreme {
+            return f16_le_bytes(65504.0);
+        }
+        let e = (r.next_u64() % 17) as i32 - 14;
+        f16_le_bytes(r.f32(1.0) * 2f32.powi(e))
+    }
+
+    /// Q8_0 activations: random quants (-128 included) or all -128 / 127 (extreme).
+    pub(in crate::cpu) fn q8_0_row(r: &mut Rng, n: usize, extreme: bool) -> Vec<u8> {
+        random_blocks(r, n, 34, |r, b| {
+            b[..2].copy_from_slice(&scale(r, extreme));
+            if extreme {
+                let v = if r.next_u64() % 2 == 0 { 0x80 } else { 0x7F };
+                b[2..].fill(v);
+            }
+        })
+    }
+
+    /// Q8_K activations with consistent `bsums`.
+    pub(in crate::cpu) fn q8_k_row(r: &mut Rng, n: usize, extreme: bool) -> Vec<u8> {
+        random_blocks(r, n, 292, |r, b| {
+            let d = if extreme { 3.0e38 } else { r.f32(0.05) };
+            b[..4].copy_from_slice(&d.to_le_bytes());
+            if extreme {
+                b[4..260].fill(0x80);
+            }
+            for k in 0..16 {
+                let s: i32 = b[4 + 16 * k..4 + 16 * k + 16]
+                    .iter()
+                    .map(|&v| i32::from(v as i8))
+                    .sum();
+                b[260 + 2 * k..262 + 2 * k].copy_from_slice(&(s as i16).to_le_bytes());
+            }
+        })
+    }
+
+    /// The f64 dot of dequantized weights and activations, and the sum of |terms|.
+    pub(in crate::cpu) fn exact(
+        w_ty: crate::tensor::GgmlType,
+        w: &[u8],
+        x_ty: crate::tensor::GgmlType,
+        x: &[u8],
+        n: usize,
+    ) -> (f64, f64) {
+        let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+        super::super::dequantize_row(w_ty, w, &mut wf).unwrap();
+        super::super::dequantize_row(x_ty, x, &mut xf).unwrap();
+        let dot = wf
+            .iter()
+            .zip(&xf)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        let mag = wf
+            .iter()
+            .zip(&xf)
+            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+            .sum();
+        (dot, mag)
+    }
+
+    /// The repacked orders equal the f64 dot within rounding, and (where the CPU has AVX2) the
+    /// AVX2 kernels equal the portable ones bit for bit: random blocks with random scales, odd
+    /// block counts, extreme values (largest f16 scales, activations all -128 or 127).
+    #[test]
+    fn repacked_orders_exact_and_avx2_bit_identical() {
+        use crate::tensor::GgmlType as T;
+        let mut r = Rng::new(7);
+        #[cfg(target_arch = "x86_64")]
+        let token = super::super::avx2::Token::detect();
+        for nb in [1usize, 3, 7, 18] {
+            for extreme in [false, true] {
+                // Q4_0 and IQ4_NL (18-byte blocks, f16 scale first).
+                for ty in [T::Q4_0, T::IQ4_NL] {
+                    let w = random_blocks(&mut r, nb, 18, |r, b| {
+                        b[..2].copy_from_slice(&scale(r, extreme))
+                    });
+                    let x = q8_0_row(&mut r, nb, extreme);
+                    let got = if ty == T::Q4_0 {
+                        dot_q4_0_q8_0(blocks(&w), blocks(&x))
+                    } else {
+                        dot_iq4_nl_q8_0(blocks(&w), blocks(&x))
+                    };
+                    let (want, mag) = exact(ty, &w, T::Q8_0, &x, nb * 32);
+                    if want.is_finite() && mag.is_finite() && mag < 1e37 {
+                        assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "{ty} {nb}");
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(t) = token {
+                        let simd = if ty == T::Q4_0 {
+                            avx2::dot_q4_0_q8_0(t, blocks(&w), blocks(&x))
+                        } else {
+                            avx2::dot_iq4_nl_q8_0(t, blocks(&w), blocks(&x))
+                        };
+                        assert_eq!(simd.to_bits(), got.to_bits(), "{ty} nb={nb} {extreme}");
+                        if ty == T::Q4_0 {
+                            let x2 = q8_0_row(&mut r, nb, !extreme);
+                            let [a, b] =
+                                avx2::dot_q4_0_q8_0_xn(t, blocks(&w), [blocks(&x), blocks(&x2)]);
+                            assert_eq!(a.to_bits(), got.to_bits());
+                            let want2 = dot_q4_0_q8_0(blocks(&w), blocks(&x2));
+                            assert_eq!(b.to_bits(), want2.to_bits());
+                        }
+                    }
+                }
+                // Q2_K (f16 d and dmin last).
+                let x = q8_k_row(&mut r, nb, extreme);
+                let w = random_blocks(&mut r, nb, 84, |r, b| {
+                    b[80..82].copy_from_slice(&scale(r, extreme));
+                    b[82..].copy_from_slice(&scale(r, extreme));
+                });
+                let got = dot_q2_k_q8_k(blocks(&w), blocks(&x));
+                let (want, mag) = exact(T::Q2_K, &w, T::Q8_K, &x, nb * 256);
+                if !extreme {
+                    assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "Q2_K {nb}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = token {
+                    let simd = avx2::dot_q2_k_q8_k(t, blocks(&w), blocks(&x));
+                    assert_eq!(simd.to_bits(), got.to_bits(), "Q2_K nb={nb} {extreme}");
+                }
+                // Q4_K (f16 d and dmin first).
+                let w = random_blocks(&mut r, nb, 144, |r, b| {
+                    b[..2].copy_from_slice(&scale(r, extreme));
+                    b[2..4].copy_from_slice(&scale(r, extreme));
+                });
+                let xb: &[BlockQ8_K] = blocks(&x);
+                let got = dot_q4_k_q8_k(blocks(&w), xb);
+                let (want, mag) = exact(T::Q4_K, &w, T::Q8_K, &x, nb * 256);
+                if !extreme {
+                    assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "Q4_K {nb}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = token {
+                    let simd = avx2::dot_q4_k_q8_k(t, blocks(&w), xb);
+                    assert_eq!(simd.to_bits(), got.to_bits(), "Q4_K nb={nb} {extreme}");
+                }
+            }
+        }
+    }
+
+    /// `Kernels::matvec` on x86-64 takes the repacked order for matrices of a multiple of 8 rows and
+    /// the `vec_dot` order otherwise, in every kernel set.
+    #[test]
+    fn matvec_picks_the_order_by_the_matrix_row_count() {
+        use super::super::{Kernels, MATVEC_TOKENS};
+        use crate::tensor::GgmlType as T;
+        let mut r = Rng::new(11);
+        let nb = 5;
+        for (ty, size) in [
+            (T::Q4_0, 18),
+            (T::IQ4_NL, 18),
+            (T::Q4_K, 144),
+            (T::Q2_K, 84),
+        ] {
+            let (n, x) = if matches!(ty, T::Q4_K | T::Q2_K) {
+                (nb * 256, q8_k_row(&mut r, nb, false))
+            } else {
+                (nb * 32, q8_0_row(&mut r, nb, false))
+            };
+            let row_bytes = nb * size;
+            for rows in [7usize, 8, 16] {
+                let w = random_blocks(&mut r, rows * nb, size, |r, b| {
+                    if size == 84 {
+                        b[80..82].copy_from_slice(&scale(r, false));
+                        b[82..].copy_from_slice(&scale(r, false));
+                    } else {
+                        b[..2].copy_from_slice(&scale(r, false));
+                    }
+                    if size == 144 {
+                        b[2..4].copy_from_slice(&scale(r, false));
+                    }
+                });
+                for k in Kernels::available() {
+                    let mut y = vec![0f32; rows - 1];
+                    k.matvec(ty, n, &w, &x, 1..rows, &mut y);
+                    // The multi-token kernel (where there is one) gives the same bits.
+                    let mut ys = vec![vec![f32::NAN; rows - 1]; MATVEC_TOKENS];
+                    let [a, b, c, d] = &mut ys[..] else {
+                        unreachable!()
+                    };
+                    let xs = [&x[..]; MATVEC_TOKENS];
+                    if k.matvec_tokens(ty, n, &w, xs, 1..rows, [a, b, c, d]) {
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        for yt in &ys {
+                            assert_eq!(bits(yt), bits(&y), "{} {ty} rows={rows}", k.isa_name());
+                        }
+                    }
+                    for (i, got) in y.iter().enumerate() {
+                        let wr = &w[(i + 1) * row_bytes..(i + 2) * row_bytes];
+                        let want = if rows % 8 != 0 {
+                            k.vec_dot(ty, n, wr, &x)
+                        } else {
+                            match ty {
+                                T::Q4_0 => dot_q4_0_q8_0(blocks(wr), blocks(&x)),
+                                T::IQ4_NL => dot_iq4_nl_q8_0(blocks(wr), blocks(&x)),
+                                T::Q2_K => dot_q2_k_q8_k(blocks(wr), blocks(&x)),
+                                _ => dot_q4_k_q8_k(blocks(wr), blocks(&x)),
+                            }
+                        };
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{} {ty} rows={rows} row {i}",
+                            k.isa_name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
