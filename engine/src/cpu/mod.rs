@@ -712,8 +712,23 @@ impl Kernels {
             // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
+                // Eight rows per call (row r in SIMD lane r, as llama.cpp's repacked gemv), the
+                // rest one by one.
                 let xb = blocks(x);
-                rows_with!(|wr| repack::avx2::dot_q4_0_q8_0(t, blocks(wr), xb))
+                let (y8, y1) = y.split_at_mut(y.len() / 8 * 8);
+                let (w8, w1) = w.split_at(y8.len() * rb);
+                for (i, (ys, ws)) in y8
+                    .chunks_exact_mut(8)
+                    .zip(w8.chunks_exact(8 * rb))
+                    .enumerate()
+                {
+                    prefetch_ahead(w, (i + 1) * 8 * rb + PREFETCH_BYTES, 8 * rb);
+                    let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
+                    ys.copy_from_slice(&repack::avx2::dot_q4_0_q8_0_rows8(t, rows8, xb));
+                }
+                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+                    *yi = repack::avx2::dot_q4_0_q8_0(t, blocks(wr), xb);
+                }
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::IQ4_NL) if repacked => {

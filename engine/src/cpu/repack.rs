@@ -345,6 +345,73 @@ pub(super) mod avx2 {
         acc - acc_min
     }
 
+    /// The 8 lanes of `p[r]` summed per register: lane r of the result is the sum of `p[r]`
+    /// (integer adds, exact in any order).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_i32_x8(p: [__m256i; 8]) -> __m256i {
+        let s01 = _mm256_hadd_epi32(p[0], p[1]);
+        let s23 = _mm256_hadd_epi32(p[2], p[3]);
+        let s45 = _mm256_hadd_epi32(p[4], p[5]);
+        let s67 = _mm256_hadd_epi32(p[6], p[7]);
+        // [r0 r1 r2 r3 | r0 r1 r2 r3] halves of rows 0..3, and of rows 4..7.
+        let s0123 = _mm256_hadd_epi32(s01, s23);
+        let s4567 = _mm256_hadd_epi32(s45, s67);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(s0123, s4567, 0x20),
+            _mm256_permute2x128_si256(s0123, s4567, 0x31),
+        )
+    }
+
+    /// [`q4_0_impl`] of 8 weight rows with one activation row, row r in lane r of the float
+    /// accumulator: each lane is the one-row kernel's `fma(isum, d_w * d_x, acc)` sequence (the
+    /// way llama.cpp's repacked gemv holds 8 rows), so the bits are the same, without a
+    /// horizontal sum per block and row.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `w[r]` has at least `x.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_rows8_impl(w: [&[BlockQ4_0]; 8], x: &[BlockQ8_0]) -> [f32; 8] {
+        let ones = _mm256_set1_epi16(1);
+        let eights = _mm256_set1_epi8(8);
+        let mut acc = _mm256_setzero_ps();
+        for (i, bx) in x.iter().enumerate() {
+            let y = load_q8(&bx.qs);
+            let ey = _mm256_maddubs_epi16(eights, y);
+            let dx = bx.d();
+            let mut p = [_mm256_setzero_si256(); 8];
+            let mut d = [0.0f32; 8];
+            for r in 0..8 {
+                // SAFETY: i < x.len() <= w[r].len() (caller).
+                let bw = unsafe { w[r].get_unchecked(i) };
+                let qy = _mm256_maddubs_epi16(nibbles(&bw.qs), y);
+                p[r] = _mm256_madd_epi16(_mm256_sub_epi16(qy, ey), ones);
+                d[r] = bw.d() * dx;
+            }
+            let isum = _mm256_cvtepi32_ps(hsum_i32_x8(p));
+            // SAFETY: `d` is 8 readable f32; loadu has no alignment requirement.
+            let dv = unsafe { _mm256_loadu_ps(d.as_ptr()) };
+            acc = _mm256_fmadd_ps(isum, dv, acc);
+        }
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` is 8 writable f32.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+
+    /// [`dot_q4_0_q8_0`] of 8 weight rows with one activation row, bit-identical to 8 calls.
+    ///
+    /// # Panics
+    /// If a weight row has fewer blocks than `x`.
+    pub(in super::super) fn dot_q4_0_q8_0_rows8(
+        _: Token,
+        w: [&[BlockQ4_0]; 8],
+        x: &[BlockQ8_0],
+    ) -> [f32; 8] {
+        assert!(w.iter().all(|r| r.len() >= x.len()), "weight row too short");
+        // SAFETY: see below (the token); lengths checked.
+        unsafe { q4_0_rows8_impl(w, x) }
+    }
+
     // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA and
     // F16C on this CPU, the features the implementations are compiled for.
 
