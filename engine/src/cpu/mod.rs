@@ -708,12 +708,11 @@ impl Kernels {
                 }
             };
         }
-        match (self.isa, w_ty) {
-            // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
-                // Eight rows per call (row r in SIMD lane r, as llama.cpp's repacked gemv), the
-                // rest one by one.
+        // Eight rows per call (row r in SIMD lane r, as llama.cpp's repacked gemv holds them),
+        // the rest one by one.
+        #[cfg(target_arch = "x86_64")]
+        macro_rules! rows8_with {
+            ($t:expr, $dot8:path, $dot:path) => {{
                 let xb = blocks(x);
                 let (y8, y1) = y.split_at_mut(y.len() / 8 * 8);
                 let (w8, w1) = w.split_at(y8.len() * rb);
@@ -724,11 +723,22 @@ impl Kernels {
                 {
                     prefetch_ahead(w, (i + 1) * 8 * rb + PREFETCH_BYTES, 8 * rb);
                     let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                    ys.copy_from_slice(&repack::avx2::dot_q4_0_q8_0_rows8(t, rows8, xb));
+                    ys.copy_from_slice(&$dot8($t, rows8, xb));
                 }
                 for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
-                    *yi = repack::avx2::dot_q4_0_q8_0(t, blocks(wr), xb);
+                    *yi = $dot($t, blocks(wr), xb);
                 }
+            }};
+        }
+        match (self.isa, w_ty) {
+            // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
+                rows8_with!(
+                    t,
+                    repack::avx2::dot_q4_0_q8_0_rows8,
+                    repack::avx2::dot_q4_0_q8_0
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::IQ4_NL) if repacked => {
@@ -736,7 +746,11 @@ impl Kernels {
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
-                rows_with!(|wr| repack::avx2::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+                rows8_with!(
+                    t,
+                    repack::avx2::dot_q4_k_q8_k_rows8,
+                    repack::avx2::dot_q4_k_q8_k
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q2_K) if repacked => {

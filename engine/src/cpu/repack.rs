@@ -398,6 +398,79 @@ pub(super) mod avx2 {
         out
     }
 
+    /// [`q4_k_impl`] of 8 weight rows with one activation row, row r in lane r of the two float
+    /// accumulators (each lane the one-row kernel's sequence of operations: the same bits).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `w[r]` has at least `x.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_k_rows8_impl(w: [&[BlockQ4_K]; 8], x: &[BlockQ8_K]) -> [f32; 8] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_min = _mm256_setzero_ps();
+        for (i, bx) in x.iter().enumerate() {
+            let dx = bx.d();
+            let bsums: [i32; 16] = std::array::from_fn(|k| bx.bsum(k));
+            let y: [__m256i; 8] = std::array::from_fn(|k| load32(&bx.qs[32 * k..]));
+            let mut lanes = [_mm256_setzero_si256(); 8];
+            let (mut mins, mut d, mut dmin) = ([0i32; 8], [0.0f32; 8], [0.0f32; 8]);
+            for r in 0..8 {
+                // SAFETY: i < x.len() <= w[r].len() (caller).
+                let bw = unsafe { w[r].get_unchecked(i) };
+                let mut l = _mm256_setzero_si256();
+                let mut m = 0i32;
+                for c in 0..4 {
+                    let (sc1, m1) = scale_min_k4(2 * c, &bw.scales);
+                    let (sc2, m2) = scale_min_k4(2 * c + 1, &bw.scales);
+                    m += i32::from(m1) * (bsums[4 * c] + bsums[4 * c + 1])
+                        + i32::from(m2) * (bsums[4 * c + 2] + bsums[4 * c + 3]);
+                    let q = load32(&bw.qs[32 * c..]);
+                    let lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), y[2 * c]);
+                    let hi = _mm256_maddubs_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                        y[2 * c + 1],
+                    );
+                    let lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(i16::from(sc1)));
+                    let hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(i16::from(sc2)));
+                    l = _mm256_add_epi32(l, _mm256_add_epi32(lo, hi));
+                }
+                lanes[r] = l;
+                mins[r] = m;
+                d[r] = f16_le(bw.d) * dx;
+                dmin[r] = f16_le(bw.dmin) * dx;
+            }
+            let isum = _mm256_cvtepi32_ps(hsum_i32_x8(lanes));
+            // SAFETY: each array is 8 readable elements; loadu has no alignment requirement.
+            let (mv, dv, dminv) = unsafe {
+                (
+                    _mm256_cvtepi32_ps(_mm256_loadu_si256(mins.as_ptr().cast())),
+                    _mm256_loadu_ps(d.as_ptr()),
+                    _mm256_loadu_ps(dmin.as_ptr()),
+                )
+            };
+            acc = _mm256_fmadd_ps(isum, dv, acc);
+            acc_min = _mm256_fmadd_ps(mv, dminv, acc_min);
+        }
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` is 8 writable f32.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_min)) };
+        out
+    }
+
+    /// [`dot_q4_k_q8_k`] of 8 weight rows with one activation row, bit-identical to 8 calls.
+    ///
+    /// # Panics
+    /// If a weight row has fewer blocks than `x`.
+    pub(in super::super) fn dot_q4_k_q8_k_rows8(
+        _: Token,
+        w: [&[BlockQ4_K]; 8],
+        x: &[BlockQ8_K],
+    ) -> [f32; 8] {
+        assert!(w.iter().all(|r| r.len() >= x.len()), "weight row too short");
+        // SAFETY: see below (the token); lengths checked.
+        unsafe { q4_k_rows8_impl(w, x) }
+    }
+
     /// [`dot_q4_0_q8_0`] of 8 weight rows with one activation row, bit-identical to 8 calls.
     ///
     /// # Panics
