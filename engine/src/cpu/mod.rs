@@ -746,11 +746,7 @@ impl Kernels {
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
-                rows8_with!(
-                    t,
-                    repack::avx2::dot_q4_k_q8_k_rows8,
-                    repack::avx2::dot_q4_k_q8_k
-                )
+                rows_with!(|wr| repack::avx2::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q2_K) if repacked => {
