@@ -97,7 +97,7 @@ pub fn cuda_unsupported(model: &crate::model::Model) -> Option<String> {
         }
         _ => {}
     }
-    if p.head_dim % 32 != 0 || p.head_dim > 256 || p.n_head % p.n_head_kv != 0 {
+    if !p.head_dim.is_multiple_of(32) || p.head_dim > 256 || !p.n_head.is_multiple_of(p.n_head_kv) {
         return Some(format!(
             "the CUDA attention kernel needs a head size that is a multiple of 32 up to 256 (this model's is {}); use --device cpu",
             p.head_dim

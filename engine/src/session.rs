@@ -182,7 +182,7 @@ impl SessionPlan {
             )));
         }
         if cfg.kv_type == crate::exec::KvType::Q8_0
-            && (p.head_dim % 32 != 0 || p.head_dim > crate::exec::MAX_Q8_HEAD_DIM)
+            && (!p.head_dim.is_multiple_of(32) || p.head_dim > crate::exec::MAX_Q8_HEAD_DIM)
         {
             return Err(EngineError::InvalidArgument(format!(
                 "--kv-type q8_0 needs a head size that is a multiple of 32 and at most {} (this model's is {}); use --kv-type f16",

@@ -161,7 +161,7 @@ impl GgmlType {
     /// Bytes taken by `n` elements, or `None` if `n` is not a whole number of blocks or overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if bs == 0 || n % bs != 0 {
+        if bs == 0 || !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.block_bytes() as u64)

@@ -135,13 +135,12 @@ pub fn vec_dot_type(w: GgmlType) -> GgmlType {
 }
 
 /// Bytes of `n` elements of `ty`, or the error naming why there is no such row.
-#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace says 1.85
 fn row_bytes_checked(op: &'static str, ty: GgmlType, n: usize) -> Result<usize, KernelError> {
     if !ty.is_supported() {
         return Err(KernelError::Unsupported { op, ty });
     }
     let block = ty.block_size();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(KernelError::NotBlockMultiple { op, ty, n, block });
     }
     Ok(n / block * ty.block_bytes())
@@ -560,11 +559,10 @@ impl Kernels {
     ///
     /// # Panics
     /// If `w_ty` is unsupported.
-    #[allow(clippy::manual_is_multiple_of)] // MSRV 1.85, see `row_bytes_checked`
     pub fn vec_dot(&self, w_ty: GgmlType, n: usize, w_row: &[u8], x_row: &[u8]) -> f32 {
         let x_ty = vec_dot_type(w_ty);
         debug_assert!(
-            n % w_ty.block_size().max(1) == 0,
+            n.is_multiple_of(w_ty.block_size().max(1)),
             "{n} not whole {w_ty} blocks"
         );
         let wb = n / w_ty.block_size().max(1) * w_ty.block_bytes();

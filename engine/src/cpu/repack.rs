@@ -51,7 +51,7 @@ use super::{f16_le, QK};
 /// CPU (Q4_0, IQ4_NL, Q4_K with AVX2; Q2_K with AVX-512): `ne[1] % 8 == 0`.
 #[inline]
 pub(super) fn repacked_shape(rows: usize) -> bool {
-    rows % 8 == 0
+    rows.is_multiple_of(8)
 }
 
 /// Exact integer dot of a 32-element block of 4-bit indices (low nibble = element `j`, high =

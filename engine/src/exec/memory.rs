@@ -96,7 +96,7 @@ impl SharedMem {
             self.len
         );
         assert!(
-            byte_offset % std::mem::align_of::<T>() == 0,
+            byte_offset.is_multiple_of(std::mem::align_of::<T>()),
             "misaligned slice at {byte_offset}"
         );
         // SAFETY: byte_offset <= len, inside the allocation.

@@ -186,7 +186,7 @@ impl KvCache {
                 self.ctx
             ));
         }
-        if tmp.len() < 2 * self.kv_dim || head_dim == 0 || self.kv_dim % head_dim != 0 {
+        if tmp.len() < 2 * self.kv_dim || head_dim == 0 || !self.kv_dim.is_multiple_of(head_dim) {
             return Err("context shift: bad row buffer or head size".into());
         }
         if !self.is_full() {
