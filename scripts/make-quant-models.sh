@@ -15,7 +15,7 @@ MODEL_DIR="${EDGE_RUN_MODELS:-models}"
 SRC="$(./scripts/fetch-model.sh)"
 TYPES=("$@")
 if [ ${#TYPES[@]} -eq 0 ]; then
-  TYPES=(Q4_K_M Q5_K_M Q3_K_M Q2_K Q6_K Q5_0 Q5_1 Q8_0 IQ4_NL IQ4_XS)
+  TYPES=(Q4_K_M Q5_K_M Q3_K_M Q2_K Q2_K-pure Q6_K Q5_0 Q5_1 Q8_0 IQ4_NL IQ4_XS)
 fi
 Q="${LLAMA_QUANTIZE:-}"
 if [ -z "$Q" ]; then
@@ -31,7 +31,12 @@ export LD_LIBRARY_PATH="$(dirname "$Q")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for t in "${TYPES[@]}"; do
   out="$MODEL_DIR/SmolLM2-135M-Instruct.$t.gguf"
   if [ ! -f "$out" ]; then
-    "$Q" --allow-requantize "$SRC" "$out.part" "$t" 1 >/dev/null 2>&1 || { echo "error: llama-quantize $t failed" >&2; rm -f "$out.part"; exit 1; }
+    # TYPE-pure: every tensor that can be TYPE is (llama-quantize --pure, no k-quant mixture):
+    # the only way to get Q2_K tensors into SmolLM2, whose 576-wide rows are not whole Q2_K
+    # blocks (only ffn_down's 1536-wide rows are).
+    pure=()
+    [ "${t%-pure}" != "$t" ] && pure=(--pure)
+    "$Q" --allow-requantize "${pure[@]}" "$SRC" "$out.part" "${t%-pure}" 1 >/dev/null 2>&1 || { echo "error: llama-quantize $t failed" >&2; rm -f "$out.part"; exit 1; }
     mv "$out.part" "$out"
   fi
   echo "$out"

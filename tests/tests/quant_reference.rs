@@ -210,3 +210,11 @@ fn iq4_xs_agrees_with_llama_cpp() {
 fn q2_k_agrees_with_llama_cpp() {
     check("Q2_K", 100, 0.001, 1e-4, 5);
 }
+
+/// The Q2_K file above holds no Q2_K tensor, so this one is made with `llama-quantize --pure`:
+/// ffn_down (1536-wide rows, whole 256-value blocks) in Q2_K (llama.cpp's repacked order: 576
+/// rows), everything else Q4_0. Measured: top-1 367/367, max 0.0000, mean 0.00003, greedy 5/8.
+#[test]
+fn q2_k_pure_agrees_with_llama_cpp() {
+    check("Q2_K-pure", 100, 0.001, 1e-4, 5);
+}
