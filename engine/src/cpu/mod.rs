@@ -950,12 +950,14 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa {
-            if !matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0) {
+            let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
+            // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
+            let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+            if !(matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0)
+                || (w_ty == GgmlType::Q4_K && repacked))
+            {
                 return false;
             }
-            let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
-            // Q4_0 matrices llama.cpp repacks add in another order (see `matvec`).
-            let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
             let xb = row_bytes_checked("matvec", vec_dot_type(w_ty), n)
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
@@ -989,6 +991,7 @@ impl Kernels {
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
                 GgmlType::Q4_0 if repacked => rows_with!(repack::avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
+                GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }
             return true;

@@ -412,6 +412,72 @@ pub(super) mod avx2 {
         unsafe { q4_0_rows8_impl(w, x) }
     }
 
+    /// [`q4_k_impl`] of one weight row with `N` activation rows: the nibbles and scales are
+    /// unpacked once per block; each token's accumulators see the one-token operations in order.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_k_xn_impl<const N: usize>(w: &[BlockQ4_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [0.0f32; N];
+        let mut acc_min = [0.0f32; N];
+        for (i, bw) in w.iter().enumerate() {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+            let mut lanes = [_mm256_setzero_si256(); N];
+            let mut mins = [0i32; N];
+            for c in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * c, &bw.scales);
+                let (sc2, m2) = scale_min_k4(2 * c + 1, &bw.scales);
+                let q = load32(&bw.qs[32 * c..]);
+                let q_lo = _mm256_and_si256(q, m4);
+                let q_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let (s1, s2) = (
+                    _mm256_set1_epi16(i16::from(sc1)),
+                    _mm256_set1_epi16(i16::from(sc2)),
+                );
+                for t in 0..N {
+                    mins[t] += i32::from(m1) * (bx[t].bsum(4 * c) + bx[t].bsum(4 * c + 1))
+                        + i32::from(m2) * (bx[t].bsum(4 * c + 2) + bx[t].bsum(4 * c + 3));
+                    let lo = _mm256_maddubs_epi16(q_lo, load32(&bx[t].qs[64 * c..]));
+                    let hi = _mm256_maddubs_epi16(q_hi, load32(&bx[t].qs[64 * c + 32..]));
+                    let lo = _mm256_madd_epi16(lo, s1);
+                    let hi = _mm256_madd_epi16(hi, s2);
+                    lanes[t] = _mm256_add_epi32(lanes[t], _mm256_add_epi32(lo, hi));
+                }
+            }
+            let (dw, dmin) = (f16_le(bw.d), f16_le(bw.dmin));
+            for t in 0..N {
+                let dx = bx[t].d();
+                acc[t] = (hsum_i32(lanes[t]) as f32).mul_add(dw * dx, acc[t]);
+                acc_min[t] = (mins[t] as f32).mul_add(dmin * dx, acc_min[t]);
+            }
+        }
+        let mut out = [0.0f32; N];
+        for t in 0..N {
+            out[t] = acc[t] - acc_min[t];
+        }
+        out
+    }
+
+    /// [`dot_q4_k_q8_k`] of one weight row with `N` activation rows, bit-identical to `N` calls.
+    ///
+    /// # Panics
+    /// If an activation row has fewer blocks than `w`.
+    pub(in super::super) fn dot_q4_k_q8_k_xn<const N: usize>(
+        _: Token,
+        w: &[BlockQ4_K],
+        x: [&[BlockQ8_K]; N],
+    ) -> [f32; N] {
+        assert!(
+            x.iter().all(|r| r.len() >= w.len()),
+            "activation row too short"
+        );
+        // SAFETY: see below (the token); lengths checked.
+        unsafe { q4_k_xn_impl(w, x) }
+    }
+
     // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA and
     // F16C on this CPU, the features the implementations are compiled for.
 
