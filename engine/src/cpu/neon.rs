@@ -76,7 +76,7 @@ impl Token {
 /// `acc + sdot(a, b)`: lane `k` of the result adds the four products of bytes `4k..4k+3`.
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: `sdot` only reads and writes the three vector registers named here (no memory,
     // no flags); the function is compiled with `dotprod`, and callers hold a `Token` proving
@@ -98,7 +98,7 @@ unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 /// `SDOT` picks `sdot` (only in `dotprod` functions) or widening multiplies; the lanes are the
 /// same integers either way.
 #[inline(always)]
-unsafe fn block_idot<const SDOT: bool>(
+pub(super) unsafe fn block_idot<const SDOT: bool>(
     w_lo: int8x16_t,
     w_hi: int8x16_t,
     x_lo: int8x16_t,
@@ -121,7 +121,7 @@ unsafe fn block_idot<const SDOT: bool>(
 
 /// `acc + lanes * scale` in ggml's rounding (see [`FUSED`]).
 #[inline(always)]
-unsafe fn mla(acc: float32x4_t, lanes: int32x4_t, scale: f32) -> float32x4_t {
+pub(super) unsafe fn mla(acc: float32x4_t, lanes: int32x4_t, scale: f32) -> float32x4_t {
     let v = vcvtq_f32_s32(lanes); // exact: |lane| <= 8 * 128 * 128 < 2^24
     if FUSED {
         vfmaq_n_f32(acc, v, scale)
@@ -132,7 +132,7 @@ unsafe fn mla(acc: float32x4_t, lanes: int32x4_t, scale: f32) -> float32x4_t {
 
 /// `(v0 + v1) + (v2 + v3)`, as `vaddvq_f32` (two pairwise adds) computes it.
 #[inline(always)]
-unsafe fn hsum(v: float32x4_t) -> f32 {
+pub(super) unsafe fn hsum(v: float32x4_t) -> f32 {
     let p = vpaddq_f32(v, v);
     vpadds_f32(vget_low_f32(p))
 }
@@ -140,7 +140,7 @@ unsafe fn hsum(v: float32x4_t) -> f32 {
 /// The 32 nibbles of a Q4 block as two vectors of bytes 0..15: elements 0..15 (low nibbles)
 /// and 16..31 (high nibbles).
 #[inline(always)]
-unsafe fn nibbles(qs: &[u8; 16]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> (int8x16_t, int8x16_t) {
     // SAFETY: `qs` is 16 readable bytes; `vld1q_u8` has no alignment requirement.
     let q = unsafe { vld1q_u8(qs.as_ptr()) };
     let lo = vandq_u8(q, vdupq_n_u8(0x0F));
@@ -150,7 +150,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> (int8x16_t, int8x16_t) {
 
 /// The 32 quants of a Q8 block as elements 0..15 and 16..31.
 #[inline(always)]
-unsafe fn load_q8(qs: &[i8; 32]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn load_q8(qs: &[i8; 32]) -> (int8x16_t, int8x16_t) {
     // SAFETY: `qs` is 32 readable bytes; `vld1q_s8` has no alignment requirement.
     unsafe { (vld1q_s8(qs.as_ptr()), vld1q_s8(qs.as_ptr().add(16))) }
 }
