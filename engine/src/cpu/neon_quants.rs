@@ -1,5 +1,6 @@
 //! aarch64 NEON kernels for the quant types beyond Q4_0 / Q4_1 / Q8_0 (those are in `neon.rs`):
-//! the k-quants Q4_K, Q5_K, Q6_K against Q8_K activations.
+//! the k-quants Q4_K, Q5_K, Q6_K against Q8_K activations, and Q5_0 / IQ4_NL against Q8_0,
+//! Q5_1 against Q8_1.
 //!
 //! Each kernel is one `#[inline(always)]` body, generic over `SDOT`, compiled twice by
 //! [`kernel!`]: with `sdot` (`neon,dotprod`) and with widening multiplies (`neon` only). The
@@ -19,6 +20,20 @@
 //!   `bsums`; the scalar reference's order: bit-identical),
 //!
 //! where `d = d_x * d_w`, `dmin = d_x * dmin_w` and `mins = sum_k m_k * (bsum_2k + bsum_2k+1)`.
+//!
+//! The 32-element types keep per-block lanes in floats, as `neon.rs` describes for Q4_0:
+//!
+//! * Q5_0 and Q5_1 exactly as Q4_0 / Q4_1 there (block pairs into two f32x4 accumulators of
+//!   `acc + lanes * (d_w * d_x)`, then `hsum(acc0) + hsum(acc1)`), except that Q5_1 sums the
+//!   `m_w * s_x` of even and odd blocks apart and adds them last:
+//!   `((hsum0 + hsum1) + summs0) + summs1`;
+//! * IQ4_NL in whole integers per block: `sumf += (d_w0 * d_x0) * sumi0 + (d_w1 * d_x1) * sumi1`
+//!   per pair.
+//!
+//! An odd last block is added in scalar code, as ggml's tail loop writes it (see the bodies).
+//! None of these three is the scalar references' order (those add block by block), so they
+//! differ from them in the last bits; the tests hold them to a scalar emulation of ggml's
+//! order bit for bit and to the references within a relative `1e-5`.
 //! Scalar C expressions are followed as written, each operation rounded (as `neon.rs` does with
 //! its `FUSED = false`): a compiler that contracts `a + b * c` into one fused multiply-add (GCC
 //! in GNU C mode, clang's `-ffp-contract=on`) would give last-bit differences.
@@ -29,10 +44,15 @@
 use std::arch::aarch64::*;
 
 use super::f16_le;
-use super::neon::{block_idot, sdot, Token};
+use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
+use super::neon::{block_idot, hsum, load_q8, mla, nibbles, sdot, Token};
 use super::q4_k::{scale_min_k4, BlockQ4_K};
+use super::q5_0::BlockQ5_0;
+use super::q5_1::BlockQ5_1;
 use super::q5_k::BlockQ5_K;
 use super::q6_k::BlockQ6_K;
+use super::q8_0::BlockQ8_0;
+use super::q8_1::BlockQ8_1;
 use super::q8_k::BlockQ8_K;
 
 /// The 16 bytes of `s` at `at..at + 16`.
@@ -206,6 +226,151 @@ unsafe fn dot_q6_k_q8_k_body<const SDOT: bool>(w: &[BlockQ6_K], x: &[BlockQ8_K])
     sumf
 }
 
+/// The fifth bits of a Q5_0 / Q5_1 block as `0x10` bytes: elements 0..15 and 16..31.
+#[inline(always)]
+unsafe fn fifth_bits(qh: &[u8; 4]) -> (uint8x16_t, uint8x16_t) {
+    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    // SAFETY: `BIT` is 16 readable bytes; the rest is plain NEON on registers.
+    unsafe {
+        let bit = vld1q_u8(BIT.as_ptr());
+        let tens = vdupq_n_u8(0x10);
+        let lo = vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1]));
+        let hi = vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3]));
+        (
+            vandq_u8(vtstq_u8(lo, bit), tens),
+            vandq_u8(vtstq_u8(hi, bit), tens),
+        )
+    }
+}
+
+/// The 32 unsigned 5-bit quants of a Q5_0 / Q5_1 block: elements 0..15 and 16..31.
+#[inline(always)]
+unsafe fn q5_quants(qs: &[u8; 16], qh: &[u8; 4]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: plain NEON on in-bounds arrays (`nibbles`, `fifth_bits`).
+    unsafe {
+        let (lo, hi) = nibbles(qs);
+        let (blo, bhi) = fifth_bits(qh);
+        (
+            vorrq_s8(lo, vreinterpretq_s8_u8(blo)),
+            vorrq_s8(hi, vreinterpretq_s8_u8(bhi)),
+        )
+    }
+}
+
+/// Scalar integer dot of 32 quants (minus `offset`) with 32 activations (the tail block).
+#[inline(always)]
+fn q5_sumi(q: [u8; 32], x: &[i8; 32], offset: i32) -> i32 {
+    q.iter()
+        .zip(x)
+        .map(|(&q, &y)| (i32::from(q) - offset) * i32::from(y))
+        .sum()
+}
+
+/// Q5_0 . Q8_0 in ggml's NEON order, as Q4_0's in `neon.rs`: block pairs into two f32x4
+/// accumulators (`acc + lanes * (d_w * d_x)`), `hsum(acc0) + hsum(acc1)`, an odd last block as
+/// `sumf += (d_w * d_x) * sumi`.
+#[inline(always)]
+unsafe fn dot_q5_0_q8_0_body<const SDOT: bool>(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
+    let nb = w.len().min(x.len());
+    let mut acc = [vdupq_n_f32(0.0); 2];
+    let mut ib = 0;
+    while ib + 1 < nb {
+        let pairs = [(&w[ib], &x[ib]), (&w[ib + 1], &x[ib + 1])];
+        for (a, (bw, bx)) in acc.iter_mut().zip(pairs) {
+            // SAFETY: plain NEON on in-bounds block references; `SDOT` as the caller's.
+            unsafe {
+                let (wl, wh) = q5_quants(&bw.qs, &bw.qh);
+                let sixteen = vdupq_n_s8(16);
+                let (wl, wh) = (vsubq_s8(wl, sixteen), vsubq_s8(wh, sixteen));
+                let (xl, xh) = load_q8(&bx.qs);
+                *a = mla(*a, block_idot::<SDOT>(wl, wh, xl, xh), bw.d() * bx.d());
+            }
+        }
+        ib += 2;
+    }
+    // SAFETY: plain NEON arithmetic on registers.
+    let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) };
+    if ib < nb {
+        let sumi = q5_sumi(w[ib].quants(), &x[ib].qs, 16);
+        sumf += (w[ib].d() * x[ib].d()) * sumi as f32;
+    }
+    sumf
+}
+
+/// Q5_1 . Q8_1 in ggml's NEON order: as Q5_0 without the offset, the `m_w * s_x` products of
+/// even and odd blocks summed apart: `((hsum(acc0) + hsum(acc1)) + summs0) + summs1`; an odd
+/// last block as `sumf += ((d_w * d_x) * sumi + m_w * s_x)`.
+#[inline(always)]
+unsafe fn dot_q5_1_q8_1_body<const SDOT: bool>(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
+    let nb = w.len().min(x.len());
+    let mut acc = [vdupq_n_f32(0.0); 2];
+    let mut summs = [0.0f32; 2];
+    let mut ib = 0;
+    while ib + 1 < nb {
+        let pairs = [(&w[ib], &x[ib]), (&w[ib + 1], &x[ib + 1])];
+        for ((a, sm), (bw, bx)) in acc.iter_mut().zip(&mut summs).zip(pairs) {
+            *sm += bw.m() * bx.s();
+            // SAFETY: plain NEON on in-bounds block references; `SDOT` as the caller's.
+            unsafe {
+                let (wl, wh) = q5_quants(&bw.qs, &bw.qh);
+                let (xl, xh) = load_q8(&bx.qs);
+                *a = mla(*a, block_idot::<SDOT>(wl, wh, xl, xh), bw.d() * bx.d());
+            }
+        }
+        ib += 2;
+    }
+    // SAFETY: plain NEON arithmetic on registers.
+    let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) } + summs[0] + summs[1];
+    if ib < nb {
+        let sumi = q5_sumi(w[ib].quants(), &x[ib].qs, 0);
+        sumf += (w[ib].d() * x[ib].d()) * sumi as f32 + w[ib].m() * x[ib].s();
+    }
+    sumf
+}
+
+/// The 32 IQ4_NL values of a block (table lookups of the nibbles): elements 0..15, 16..31.
+#[inline(always)]
+unsafe fn iq4_nl_values(qs: &[u8; 16]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: the table is 16 readable bytes; `nibbles` reads the 16 of `qs`; `vqtbl1q_s8`
+    // with indices 0..15 only reads the table register.
+    unsafe {
+        let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        let (lo, hi) = nibbles(qs);
+        (
+            vqtbl1q_s8(table, vreinterpretq_u8_s8(lo)),
+            vqtbl1q_s8(table, vreinterpretq_u8_s8(hi)),
+        )
+    }
+}
+
+/// IQ4_NL . Q8_0 in ggml's NEON order: per block pair
+/// `sumf += (d_w0 * d_x0) * sumi0 + (d_w1 * d_x1) * sumi1`, an odd last block as
+/// `sumf += (d_x * d_w) * sumi`.
+#[inline(always)]
+unsafe fn dot_iq4_nl_q8_0_body<const SDOT: bool>(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+    let nb = w.len().min(x.len());
+    let mut sumf = 0.0f32;
+    let mut ib = 0;
+    let sumi = |bw: &BlockIq4Nl, bx: &BlockQ8_0| {
+        // SAFETY: plain NEON on in-bounds block references; `SDOT` as the caller's.
+        unsafe {
+            let (wl, wh) = iq4_nl_values(&bw.qs);
+            let (xl, xh) = load_q8(&bx.qs);
+            idot32::<SDOT>(wl, wh, xl, xh)
+        }
+    };
+    while ib + 1 < nb {
+        let s0 = sumi(&w[ib], &x[ib]);
+        let s1 = sumi(&w[ib + 1], &x[ib + 1]);
+        sumf += (w[ib].d() * x[ib].d()) * s0 as f32 + (w[ib + 1].d() * x[ib + 1].d()) * s1 as f32;
+        ib += 2;
+    }
+    if ib < nb {
+        sumf += (x[ib].d() * w[ib].d()) * sumi(&w[ib], &x[ib]) as f32;
+    }
+    sumf
+}
+
 /// A safe kernel `$name(token, w, x)` from a body generic over `SDOT`: the body compiled once
 /// with `sdot` and once with widening multiplies, picked by the token.
 macro_rules! kernel {
@@ -257,6 +422,27 @@ kernel!(
     BlockQ6_K,
     BlockQ8_K
 );
+kernel!(
+    /// Q5_0 weights . Q8_0 activations.
+    dot_q5_0_q8_0,
+    dot_q5_0_q8_0_body,
+    BlockQ5_0,
+    BlockQ8_0
+);
+kernel!(
+    /// Q5_1 weights . Q8_1 activations.
+    dot_q5_1_q8_1,
+    dot_q5_1_q8_1_body,
+    BlockQ5_1,
+    BlockQ8_1
+);
+kernel!(
+    /// IQ4_NL weights . Q8_0 activations.
+    dot_iq4_nl_q8_0,
+    dot_iq4_nl_q8_0_body,
+    BlockIq4Nl,
+    BlockQ8_0
+);
 
 /// Both NEON variants against the scalar references (bit for bit where ggml's NEON order is the
 /// reference's order) and against scalar emulations of ggml's NEON order (bit for bit where it
@@ -264,7 +450,9 @@ kernel!(
 #[cfg(test)]
 mod tests {
     use super::super::testutil::Rng;
-    use super::super::{blocks, dequantize_row, f16_le_bytes, quantize_row, GgmlType, Kernels};
+    use super::super::{
+        blocks, dequantize_row, f16_le_bytes, quantize_row, vec_dot_type, GgmlType, Kernels,
+    };
     use super::*;
 
     /// Every NEON variant this CPU runs: with `sdot` where it has dotprod (qemu-aarch64's
@@ -293,18 +481,22 @@ mod tests {
         match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
             GgmlType::Q6_K => &[208],
+            GgmlType::Q5_0 | GgmlType::IQ4_NL => &[0],
+            GgmlType::Q5_1 => &[0, 2],
             _ => unreachable!("{ty}"),
         }
     }
 
-    /// `nb` raw random blocks of `ty` with sane f16 scales. `extreme`: every quant and 6-bit
-    /// scale at its maximum (Q6_K's i8 scales at -128), and every third block's scales zero.
+    /// `nb` raw random blocks of `ty` with sane f16 scales. `extreme`: every quant at its
+    /// largest magnitude (Q5_0: -16, IQ4_NL: -127, the others their maximum, 6-bit scales 63,
+    /// Q6_K's i8 scales -128), and every third block's scales zero.
     fn weights(r: &mut Rng, ty: GgmlType, nb: usize, extreme: bool) -> Vec<u8> {
         let bb = ty.block_bytes();
         let mut w = r.bytes(bb * nb);
         for (i, blk) in w.chunks_mut(bb).enumerate() {
             if extreme {
-                blk.fill(0xFF);
+                let lowest = matches!(ty, GgmlType::Q5_0 | GgmlType::IQ4_NL);
+                blk.fill(if lowest { 0x00 } else { 0xFF });
                 if ty == GgmlType::Q6_K {
                     blk[192..208].fill(0x80);
                 }
@@ -321,24 +513,178 @@ mod tests {
         w
     }
 
-    /// Q8_K activations of `nb` blocks, quantized from random floats; `extreme`: every quant
-    /// -128 (bsums -2048), and every fourth block's `d` zero.
-    fn activations(r: &mut Rng, nb: usize, extreme: bool) -> Vec<u8> {
-        let n = nb * QK_K;
-        let mut x = vec![0u8; nb * std::mem::size_of::<BlockQ8_K>()];
-        quantize_row(GgmlType::Q8_K, &r.vec(n, 2.0), &mut x).unwrap();
+    /// Activations of type `xt` (Q8_0, Q8_1 or Q8_K) for `nb` blocks, quantized from random
+    /// floats; `extreme`: every quant -128 (Q8_K's bsums -2048), every fourth block's `d` zero.
+    fn activations(r: &mut Rng, xt: GgmlType, nb: usize, extreme: bool) -> Vec<u8> {
+        let n = nb * xt.block_size();
+        let bb = xt.block_bytes();
+        let mut x = vec![0u8; nb * bb];
+        quantize_row(xt, &r.vec(n, 2.0), &mut x).unwrap();
         if extreme {
-            for (i, blk) in x.chunks_mut(std::mem::size_of::<BlockQ8_K>()).enumerate() {
-                blk[4..4 + QK_K].fill(0x80);
-                for s in blk[4 + QK_K..].chunks_mut(2) {
+            // Where the quants start and how many bytes `d` has.
+            let (q0, d_len) = match xt {
+                GgmlType::Q8_K => (4, 4),
+                GgmlType::Q8_1 => (4, 2),
+                _ => (2, 2),
+            };
+            for (i, blk) in x.chunks_mut(bb).enumerate() {
+                let nq = xt.block_size();
+                blk[q0..q0 + nq].fill(0x80);
+                for s in blk[q0 + nq..].chunks_mut(2) {
                     s.copy_from_slice(&(-2048i16).to_le_bytes());
                 }
                 if i % 4 == 2 {
-                    blk[..4].fill(0);
+                    blk[..d_len].fill(0);
                 }
             }
         }
         x
+    }
+
+    /// ggml's 4 integer lanes of a 32-element block: lane `k` = elements `4k..4k+3` and
+    /// `16+4k..16+4k+3`.
+    fn lanes(w: &[i32; 32], x: &[i8; 32]) -> [i32; 4] {
+        let mut l = [0i32; 4];
+        for j in 0..32 {
+            l[(j % 16) / 4] += w[j] * i32::from(x[j]);
+        }
+        l
+    }
+
+    /// `acc + lanes * scale`, each lane rounded twice (ggml's `vmlaq_n_f32`, as `neon.rs`).
+    fn mla4(acc: &mut [f32; 4], l: [i32; 4], scale: f32) {
+        for (a, v) in acc.iter_mut().zip(l) {
+            *a += v as f32 * scale;
+        }
+    }
+
+    fn hsum4(a: [f32; 4]) -> f32 {
+        (a[0] + a[1]) + (a[2] + a[3])
+    }
+
+    /// ggml's NEON Q5_0 (`offset` 16, no mins) and Q5_1 (`offset` 0, `m * s` terms) order in
+    /// scalar code; `(d_w, m_w, q)` and `(d_x, s_x, qs)` per block.
+    fn arm_q5(w: &[(f32, f32, [u8; 32])], x: &[(f32, f32, [i8; 32])], offset: i32) -> f32 {
+        let nb = w.len();
+        let (mut acc, mut summs) = ([[0.0f32; 4]; 2], [0.0f32; 2]);
+        let value = |q: [u8; 32]| q.map(|v| i32::from(v) - offset);
+        let mut ib = 0;
+        while ib + 1 < nb {
+            for k in 0..2 {
+                let ((dw, mw, q), (dx, sx, qs)) = (w[ib + k], x[ib + k]);
+                summs[k] += mw * sx;
+                mla4(&mut acc[k], lanes(&value(q), &qs), dw * dx);
+            }
+            ib += 2;
+        }
+        let mut sumf = hsum4(acc[0]) + hsum4(acc[1]);
+        if offset == 0 {
+            sumf = sumf + summs[0] + summs[1];
+        }
+        if ib < nb {
+            let ((dw, mw, q), (dx, sx, qs)) = (w[ib], x[ib]);
+            let sumi: i32 = lanes(&value(q), &qs).iter().sum();
+            sumf += if offset == 0 {
+                (dw * dx) * sumi as f32 + mw * sx
+            } else {
+                (dw * dx) * sumi as f32
+            };
+        }
+        sumf
+    }
+
+    /// ggml's NEON IQ4_NL order in scalar code.
+    fn arm_iq4_nl(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
+        let sumi = |bw: &BlockIq4Nl, bx: &BlockQ8_0| -> i32 {
+            (0..32)
+                .map(|j| {
+                    let nib = if j < 16 {
+                        bw.qs[j] & 0x0F
+                    } else {
+                        bw.qs[j - 16] >> 4
+                    };
+                    i32::from(KVALUES_IQ4NL[usize::from(nib)]) * i32::from(bx.qs[j])
+                })
+                .sum()
+        };
+        let (nb, mut sumf, mut ib) = (w.len(), 0.0f32, 0);
+        while ib + 1 < nb {
+            let (s0, s1) = (sumi(&w[ib], &x[ib]), sumi(&w[ib + 1], &x[ib + 1]));
+            sumf +=
+                (w[ib].d() * x[ib].d()) * s0 as f32 + (w[ib + 1].d() * x[ib + 1].d()) * s1 as f32;
+            ib += 2;
+        }
+        if ib < nb {
+            sumf += (x[ib].d() * w[ib].d()) * sumi(&w[ib], &x[ib]) as f32;
+        }
+        sumf
+    }
+
+    /// The emulation of ggml's NEON order for the 32-element types.
+    fn arm_order(ty: GgmlType, w: &[u8], x: &[u8]) -> f32 {
+        match ty {
+            GgmlType::Q5_0 => {
+                let (wb, xb): (&[BlockQ5_0], &[BlockQ8_0]) = (blocks(w), blocks(x));
+                let wv: Vec<_> = wb.iter().map(|b| (b.d(), 0.0, b.quants())).collect();
+                let xv: Vec<_> = xb.iter().map(|b| (b.d(), 0.0, b.qs)).collect();
+                arm_q5(&wv, &xv, 16)
+            }
+            GgmlType::Q5_1 => {
+                let (wb, xb): (&[BlockQ5_1], &[BlockQ8_1]) = (blocks(w), blocks(x));
+                let wv: Vec<_> = wb.iter().map(|b| (b.d(), b.m(), b.quants())).collect();
+                let xv: Vec<_> = xb.iter().map(|b| (b.d(), b.s(), b.qs)).collect();
+                arm_q5(&wv, &xv, 0)
+            }
+            _ => arm_iq4_nl(blocks(w), blocks(x)),
+        }
+    }
+
+    #[test]
+    fn q5_and_iq4_nl_follow_ggml_neon_order_bit_for_bit() {
+        let mut r = Rng::new(301);
+        let ks = neon_kernels();
+        for ty in [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL] {
+            let xt = vec_dot_type(ty);
+            for nb in [1usize, 2, 3, 4, 7, 9, 33] {
+                for extreme in [false, true] {
+                    let w = weights(&mut r, ty, nb, extreme);
+                    let x = activations(&mut r, xt, nb, extreme);
+                    let n = nb * 32;
+                    let want = arm_order(ty, &w, &x);
+                    for k in &ks {
+                        let got = k.vec_dot(ty, n, &w, &x);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{} {ty} nb={nb} extreme={extreme}: {got} vs {want}",
+                            k.isa_name()
+                        );
+                        let w2 = [w.clone(), w.clone()].concat();
+                        let mut y = [0.0f32; 2];
+                        k.matvec(ty, n, &w2, &x, 0..2, &mut y);
+                        assert_eq!(y.map(f32::to_bits), [got.to_bits(); 2]);
+                    }
+                    // Another order than the scalar reference's: close to it.
+                    let scalar = Kernels::scalar().vec_dot(ty, n, &w, &x);
+                    let (mut wd, mut xd) = (vec![0.0; n], vec![0.0; n]);
+                    dequantize_row(ty, &w, &mut wd).unwrap();
+                    dequantize_row(xt, &x, &mut xd).unwrap();
+                    let mut mag: f32 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum();
+                    if ty == GgmlType::Q5_1 {
+                        let (wb, xb): (&[BlockQ5_1], &[BlockQ8_1]) = (blocks(&w), blocks(&x));
+                        mag += wb
+                            .iter()
+                            .zip(xb)
+                            .map(|(a, b)| (a.m() * b.s()).abs())
+                            .sum::<f32>();
+                    }
+                    assert!(
+                        (want - scalar).abs() <= 1e-5 * mag + 1e-6,
+                        "{ty} nb={nb} extreme={extreme}: {want} vs scalar {scalar}"
+                    );
+                }
+            }
+        }
     }
 
     use super::super::QK_K;
@@ -386,7 +732,7 @@ mod tests {
                 for extreme in [false, true] {
                     let (w, x) = (
                         weights(&mut r, ty, nb, extreme),
-                        activations(&mut r, nb, extreme),
+                        activations(&mut r, GgmlType::Q8_K, nb, extreme),
                     );
                     let n = nb * QK_K;
                     let scalar = Kernels::scalar().vec_dot(ty, n, &w, &x);
