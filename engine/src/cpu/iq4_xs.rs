@@ -32,7 +32,7 @@ unsafe impl Block for BlockIq4Xs {}
 impl BlockIq4Xs {
     /// Sub-block `k`'s scale, unbiased (-32..=31).
     #[inline(always)]
-    fn scale(&self, k: usize) -> i32 {
+    pub(super) fn scale(&self, k: usize) -> i32 {
         let h = u16::from_le_bytes(self.scales_h);
         let lo = (self.scales_l[k / 2] >> (4 * (k % 2))) & 0x0F;
         let hi = ((h >> (2 * k)) & 3) as u8;

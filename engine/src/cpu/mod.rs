@@ -597,6 +597,14 @@ impl Kernels {
             (Isa::Neon(t), GgmlType::IQ4_NL) => {
                 neon_quants::dot_iq4_nl_q8_0(t, blocks(w), blocks(x))
             }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q2_K) => neon_quants::dot_q2_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q3_K) => neon_quants::dot_q3_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_XS) => {
+                neon_quants::dot_iq4_xs_q8_k(t, blocks(w), blocks(x))
+            }
             // The scalar set on x86-64 adds in ggml's x86 order, as the avx2 set does.
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q4_1) => ggml_order::dot_q4_1_q8_1_x86(blocks(w), blocks(x)),
@@ -761,6 +769,18 @@ impl Kernels {
             #[cfg(target_arch = "aarch64")]
             (Isa::Neon(t), GgmlType::IQ4_NL) => {
                 rows_with!(|wr| neon_quants::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q2_K) => {
+                rows_with!(|wr| neon_quants::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q3_K) => {
+                rows_with!(|wr| neon_quants::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_XS) => {
+                rows_with!(|wr| neon_quants::dot_iq4_xs_q8_k(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q4_1) => {

@@ -1,6 +1,7 @@
 //! aarch64 NEON kernels for the quant types beyond Q4_0 / Q4_1 / Q8_0 (those are in `neon.rs`):
-//! the k-quants Q4_K, Q5_K, Q6_K against Q8_K activations, and Q5_0 / IQ4_NL against Q8_0,
-//! Q5_1 against Q8_1.
+//! the k-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS against Q8_K activations, and Q5_0 /
+//! IQ4_NL against Q8_0, Q5_1 against Q8_1. With these, every weight type the engine reads has a
+//! NEON dot on aarch64.
 //!
 //! Each kernel is one `#[inline(always)]` body, generic over `SDOT`, compiled twice by
 //! [`kernel!`]: with `sdot` (`neon,dotprod`) and with widening multiplies (`neon` only). The
@@ -13,11 +14,13 @@
 //! an ARM build of llama.cpp. For the k-quants every sub-block sum is an exact integer, and the
 //! floats are touched once per super-block:
 //!
-//! * Q4_K: `sumf -= dmin * mins; sumf += d * isum` (two separate updates; the scalar reference
-//!   does `sumf += d * isum - dmin * mins`, so the two differ in the last bits),
+//! * Q4_K and Q2_K: `sumf -= dmin * mins; sumf += d * isum` (two separate updates; the scalar
+//!   references do `sumf += d * isum - dmin * mins`, so the two differ in the last bits),
 //! * Q5_K: `sumf += d * isum - dmin * mins` (the scalar reference's order: bit-identical),
 //! * Q6_K: `sumf += (d_w * d_x) * isum` (ggml adds the `-32` offset in integers through the
 //!   `bsums`; the scalar reference's order: bit-identical),
+//! * Q3_K and IQ4_XS: `sumf += (d_w * d_x) * isum` (the scalar references' order:
+//!   bit-identical),
 //!
 //! where `d = d_x * d_w`, `dmin = d_x * dmin_w` and `mins = sum_k m_k * (bsum_2k + bsum_2k+1)`.
 //!
@@ -45,7 +48,10 @@ use std::arch::aarch64::*;
 
 use super::f16_le;
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
+use super::iq4_xs::BlockIq4Xs;
 use super::neon::{block_idot, hsum, load_q8, mla, nibbles, sdot, Token};
+use super::q2_k::BlockQ2_K;
+use super::q3_k::BlockQ3_K;
 use super::q4_k::{scale_min_k4, BlockQ4_K};
 use super::q5_0::BlockQ5_0;
 use super::q5_1::BlockQ5_1;
@@ -222,6 +228,102 @@ unsafe fn dot_q6_k_q8_k_body<const SDOT: bool>(w: &[BlockQ6_K], x: &[BlockQ8_K])
             }
         }
         sumf += f16_le(bw.d) * bx.d() * (isum - 32 * isum_mins) as f32;
+    }
+    sumf
+}
+
+/// Bits `2s..2s+1` of every byte of `q` (`s` = 0..3).
+#[inline(always)]
+unsafe fn crumbs(q: uint8x16_t, s: usize) -> uint8x16_t {
+    // `vshlq_u8` shifts right for a negative count.
+    vandq_u8(vshlq_u8(q, vdupq_n_s8(-2 * s as i8)), vdupq_n_u8(3))
+}
+
+/// Q2_K . Q8_K in ggml's NEON order (module docs): quants 0..3 from 2-bit fields,
+/// `sumf -= dmin * mins; sumf += d * isum`.
+#[inline(always)]
+unsafe fn dot_q2_k_q8_k_body<const SDOT: bool>(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let dmin = bx.d() * f16_le(bw.dmin);
+        let mut mins = 0i32;
+        for k in 0..16 {
+            mins += i32::from(bw.scales[k] >> 4) * bx.bsum(k);
+        }
+        sumf -= dmin * mins as f32;
+        let mut isum = 0i32;
+        for h in 0..2 {
+            // SAFETY: in-bounds loads (`load_*`), plain NEON, `SDOT` as the caller's.
+            unsafe {
+                let q = [load_u8(&bw.qs, 32 * h), load_u8(&bw.qs, 32 * h + 16)];
+                for s in 0..4 {
+                    for (i, qi) in q.into_iter().enumerate() {
+                        let k = 8 * h + 2 * s + i;
+                        let y = load_i8(&bx.qs, 16 * k);
+                        let dot = vaddvq_s32(idot16::<SDOT>(s8(crumbs(qi, s)), y));
+                        isum += dot * i32::from(bw.scales[k] & 0x0F);
+                    }
+                }
+            }
+        }
+        sumf += d * isum as f32;
+    }
+    sumf
+}
+
+/// Q3_K . Q8_K in ggml's NEON order (module docs): quants -4..3 (2-bit field, minus 4 where
+/// the `hmask` bit is clear), `sumf += d * isum`.
+#[inline(always)]
+unsafe fn dot_q3_k_q8_k_body<const SDOT: bool>(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let sc = bw.scales();
+        let mut isum = 0i32;
+        // SAFETY: in-bounds loads (`load_*`), plain NEON, `SDOT` as the caller's.
+        unsafe {
+            let hm = [load_u8(&bw.hmask, 0), load_u8(&bw.hmask, 16)];
+            let four = vdupq_n_u8(4);
+            for h in 0..2 {
+                let q = [load_u8(&bw.qs, 32 * h), load_u8(&bw.qs, 32 * h + 16)];
+                for s in 0..4 {
+                    let bit = vdupq_n_u8(1 << (4 * h + s));
+                    for i in 0..2 {
+                        let k = 8 * h + 2 * s + i;
+                        // 4 where the bit is clear, 0 where it is set.
+                        let off = vbicq_u8(four, vtstq_u8(hm[i], bit));
+                        let qk = vsubq_s8(s8(crumbs(q[i], s)), s8(off));
+                        let y = load_i8(&bx.qs, 16 * k);
+                        isum += vaddvq_s32(idot16::<SDOT>(qk, y)) * sc[k];
+                    }
+                }
+            }
+        }
+        sumf += d * isum as f32;
+    }
+    sumf
+}
+
+/// IQ4_XS . Q8_K in ggml's NEON order (module docs): IQ4_NL values with 6-bit signed scales
+/// per 32 weights, `sumf += (d_w * d_x) * isum`.
+#[inline(always)]
+unsafe fn dot_iq4_xs_q8_k_body<const SDOT: bool>(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let mut isum = 0i32;
+        for k in 0..8 {
+            let qs: &[u8; 16] = bw.qs[16 * k..16 * k + 16]
+                .try_into()
+                .expect("16 bytes by construction");
+            // SAFETY: in-bounds loads (`load_i8`, `iq4_nl_values`), `SDOT` as the caller's.
+            unsafe {
+                let (wl, wh) = iq4_nl_values(qs);
+                let (yl, yh) = (load_i8(&bx.qs, 32 * k), load_i8(&bx.qs, 32 * k + 16));
+                isum += idot32::<SDOT>(wl, wh, yl, yh) * bw.scale(k);
+            }
+        }
+        sumf += f16_le(bw.d) * bx.d() * isum as f32;
     }
     sumf
 }
@@ -443,6 +545,27 @@ kernel!(
     BlockIq4Nl,
     BlockQ8_0
 );
+kernel!(
+    /// Q2_K weights . Q8_K activations.
+    dot_q2_k_q8_k,
+    dot_q2_k_q8_k_body,
+    BlockQ2_K,
+    BlockQ8_K
+);
+kernel!(
+    /// Q3_K weights . Q8_K activations.
+    dot_q3_k_q8_k,
+    dot_q3_k_q8_k_body,
+    BlockQ3_K,
+    BlockQ8_K
+);
+kernel!(
+    /// IQ4_XS weights . Q8_K activations.
+    dot_iq4_xs_q8_k,
+    dot_iq4_xs_q8_k_body,
+    BlockIq4Xs,
+    BlockQ8_K
+);
 
 /// Both NEON variants against the scalar references (bit for bit where ggml's NEON order is the
 /// reference's order) and against scalar emulations of ggml's NEON order (bit for bit where it
@@ -481,6 +604,9 @@ mod tests {
         match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
             GgmlType::Q6_K => &[208],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
+            GgmlType::IQ4_XS => &[0],
             GgmlType::Q5_0 | GgmlType::IQ4_NL => &[0],
             GgmlType::Q5_1 => &[0, 2],
             _ => unreachable!("{ty}"),
@@ -488,14 +614,18 @@ mod tests {
     }
 
     /// `nb` raw random blocks of `ty` with sane f16 scales. `extreme`: every quant at its
-    /// largest magnitude (Q5_0: -16, IQ4_NL: -127, the others their maximum, 6-bit scales 63,
-    /// Q6_K's i8 scales -128), and every third block's scales zero.
+    /// largest magnitude (Q5_0: -16, IQ4_NL / IQ4_XS: -127, Q3_K: -4, with scales -32; the
+    /// others their maximum, 6-bit scales 63, Q6_K's i8 scales -128), and every third block's
+    /// f16 scales zero.
     fn weights(r: &mut Rng, ty: GgmlType, nb: usize, extreme: bool) -> Vec<u8> {
         let bb = ty.block_bytes();
         let mut w = r.bytes(bb * nb);
         for (i, blk) in w.chunks_mut(bb).enumerate() {
             if extreme {
-                let lowest = matches!(ty, GgmlType::Q5_0 | GgmlType::IQ4_NL);
+                let lowest = matches!(
+                    ty,
+                    GgmlType::Q5_0 | GgmlType::IQ4_NL | GgmlType::Q3_K | GgmlType::IQ4_XS
+                );
                 blk.fill(if lowest { 0x00 } else { 0xFF });
                 if ty == GgmlType::Q6_K {
                     blk[192..208].fill(0x80);
@@ -714,6 +844,32 @@ mod tests {
         (sumf, mag)
     }
 
+    /// ggml's NEON Q2_K order, in scalar code (as Q4_K's: the min term first).
+    fn arm_q2_k(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> (f32, f32) {
+        let (mut sumf, mut mag) = (0.0f32, 0.0f32);
+        for (bw, bx) in w.iter().zip(x) {
+            let (mut isum, mut mins) = (0i32, 0i32);
+            for k in 0..16 {
+                let (sc, m) = (bw.scales[k] & 0x0F, bw.scales[k] >> 4);
+                for l in 0..16 {
+                    // Element 16k + l = 128h + 32s + l' takes bits 2s of qs[32h + l'].
+                    let e = 16 * k + l;
+                    let (h, s, lq) = (e / 128, (e % 128) / 32, e % 32);
+                    let q = (bw.qs[32 * h + lq] >> (2 * s)) & 3;
+                    let y = i32::from(bx.qs[e]);
+                    isum += i32::from(sc) * i32::from(q) * y;
+                    mins += i32::from(m) * y;
+                }
+            }
+            let d = bx.d() * f16_le(bw.d);
+            let dmin = bx.d() * f16_le(bw.dmin);
+            sumf -= dmin * mins as f32;
+            sumf += d * isum as f32;
+            mag += (dmin * mins as f32).abs() + (d * isum as f32).abs();
+        }
+        (sumf, mag)
+    }
+
     /// The sum of `|w_i * x_i|` over the dequantized rows (the scale of rounding errors).
     fn magnitude(ty: GgmlType, w: &[u8], x: &[u8]) -> f32 {
         let n = w.len() / ty.block_bytes() * ty.block_size();
@@ -727,7 +883,15 @@ mod tests {
     fn k_quants_follow_ggml_neon_order_bit_for_bit() {
         let mut r = Rng::new(300);
         let ks = neon_kernels();
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        let types = [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::IQ4_XS,
+        ];
+        for ty in types {
             for nb in [1usize, 2, 3, 7, 9, 16] {
                 for extreme in [false, true] {
                     let (w, x) = (
@@ -736,10 +900,14 @@ mod tests {
                     );
                     let n = nb * QK_K;
                     let scalar = Kernels::scalar().vec_dot(ty, n, &w, &x);
-                    let want = if ty == GgmlType::Q4_K {
+                    let arm = match ty {
+                        GgmlType::Q4_K => Some(arm_q4_k(blocks(&w), blocks(&x))),
+                        GgmlType::Q2_K => Some(arm_q2_k(blocks(&w), blocks(&x))),
+                        _ => None,
+                    };
+                    let want = if let Some((arm, mag)) = arm {
                         // Another order than the scalar reference: close to it, and the
                         // emulation of ggml's is what must hold bit for bit.
-                        let (arm, mag) = arm_q4_k(blocks(&w), blocks(&x));
                         let tol = 1e-6 * mag + 1e-6;
                         assert!(
                             (arm - scalar).abs() <= tol,
