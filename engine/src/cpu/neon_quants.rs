@@ -879,6 +879,19 @@ mod tests {
         wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum()
     }
 
+    /// Both variants against the f64 dot of gguf-py's dequantized weights (data made
+    /// independently of this code: `quant_vectors.rs`, within 1e-5 of the sum of |terms|).
+    #[test]
+    fn both_variants_match_gguf_py_vectors() {
+        for k in neon_kernels() {
+            let worst = super::super::quant_vectors::check_vec_dot(&k);
+            eprintln!(
+                "{}: worst relative error vs gguf-py {worst:.2e}",
+                k.isa_name()
+            );
+        }
+    }
+
     #[test]
     fn k_quants_follow_ggml_neon_order_bit_for_bit() {
         let mut r = Rng::new(300);
