@@ -25,7 +25,8 @@
 //!   for Q4_1, `+ summs`, where `summs` accumulated `m_w0 * s_x0 + m_w1 * s_x1` per pair.
 //! * An odd last block is added in scalar code, as ggml's tail loop writes it:
 //!   Q4_0 `sumf += (sumi * d_w) * d_x`, Q4_1 `sumf += ((d_w * d_x) * sumi + m_w * s_x)`,
-//!   Q8_0 `sumf += sumi * (d_w * d_x)`.
+//!   Q8_0 `sumf += sumi * (d_w * d_x)`, each `a * b + c` in it fused as GCC compiles it
+//!   ([`CONTRACT`]; Q4_1's `summs` too).
 //!
 //! The quantizers are ggml's NEON `quantize_row_q8_0/1` for the ARM rounding flavour (`1/d`,
 //! round half to even) and bit-identical to the scalar references for every flavour.
@@ -40,11 +41,32 @@ use super::q8_1::BlockQ8_1;
 use super::{f16_le_bytes, Q8Rounding, QK};
 
 /// Whether `acc + lane * scale` is one fused multiply-add. ggml writes `vmlaq_n_f32`, which ACLE
-/// defines as a multiply then an add (two roundings), and which GCC 12+ compiles that way;
+/// defines as a multiply then an add (two roundings), and which GCC 12+ compiles that way
+/// (`fmul` + `fadd` in ggml's aarch64 objects; `tests/data/neon-ggml/` agrees bit for bit);
 /// clang (and older GCC with `-ffp-contract=fast`) fuse it into `fmla`. We follow the
 /// unfused definition; a llama.cpp built with clang would differ in the last bits (flip this to
 /// match it).
 const FUSED: bool = false;
+
+/// Whether the scalar C expressions of ggml's kernels (the odd last block, Q4_1's `m * s` sums,
+/// the k-quants' per-block updates) are contracted into fused multiply-adds, as GCC compiles
+/// them in GNU C mode (`-ffp-contract=fast`, the default; llama.cpp's CMake asks for C11 with
+/// extensions, i.e. `-std=gnu11`). Measured: ggml's own `ggml_vec_dot_*` built for aarch64 with
+/// GCC 12 (`tests/data/neon-ggml/`) contract every such `a * b + c`, and equal these kernels bit
+/// for bit only with this on. Which product of `a * b + c * d` GCC fuses is read from its code:
+/// see each use of [`fmadd`].
+const CONTRACT: bool = true;
+
+/// `a * b + c` as ggml's C source writes it, compiled as GCC does ([`CONTRACT`]): one rounding
+/// (`fmadd`, always present on aarch64) or two.
+#[inline(always)]
+pub(super) fn fmadd(a: f32, b: f32, c: f32) -> f32 {
+    if CONTRACT {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
 
 /// Proof that this CPU has NEON (and whether it has the dot-product instructions): only
 /// [`Token::detect`] creates one, and every safe entry point of this file takes one.
@@ -175,7 +197,8 @@ unsafe fn dot_q4_1_q8_1_body<const SDOT: bool>(w: &[BlockQ4_1], x: &[BlockQ8_1])
     let mut ib = 0;
     while ib + 1 < nb {
         let (w0, w1, x0, x1) = (&w[ib], &w[ib + 1], &x[ib], &x[ib + 1]);
-        summs += w0.m() * x0.s() + w1.m() * x1.s();
+        // `m0 * s0 + m1 * s1`: GCC fuses the first product.
+        summs += fmadd(w0.m(), x0.s(), w1.m() * x1.s());
         for (a, (bw, bx)) in acc.iter_mut().zip([(w0, x0), (w1, x1)]) {
             // SAFETY: plain NEON on in-bounds block references; see `block_idot` for SDOT.
             unsafe {
@@ -190,7 +213,7 @@ unsafe fn dot_q4_1_q8_1_body<const SDOT: bool>(w: &[BlockQ4_1], x: &[BlockQ8_1])
     let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) } + summs;
     if ib < nb {
         let sumi = q4_sumi(&w[ib].qs, &x[ib].qs, 0);
-        sumf += (w[ib].d() * x[ib].d()) * sumi as f32 + w[ib].m() * x[ib].s();
+        sumf += fmadd(w[ib].d() * x[ib].d(), sumi as f32, w[ib].m() * x[ib].s());
     }
     sumf
 }
@@ -219,7 +242,7 @@ unsafe fn dot_q4_0_q8_0_body<const SDOT: bool>(w: &[BlockQ4_0], x: &[BlockQ8_0])
     let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) };
     if ib < nb {
         let sumi = q4_sumi(&w[ib].qs, &x[ib].qs, 8);
-        sumf += sumi as f32 * w[ib].d() * x[ib].d();
+        sumf = fmadd(sumi as f32 * w[ib].d(), x[ib].d(), sumf);
     }
     sumf
 }
@@ -251,7 +274,7 @@ unsafe fn dot_q8_0_q8_0_body<const SDOT: bool>(w: &[BlockQ8_0], x: &[BlockQ8_0])
             .zip(&x[ib].qs)
             .map(|(a, b)| i32::from(*a) * i32::from(*b))
             .sum();
-        sumf += sumi as f32 * (w[ib].d() * x[ib].d());
+        sumf = fmadd(sumi as f32, w[ib].d() * x[ib].d(), sumf);
     }
     sumf
 }
@@ -463,7 +486,7 @@ pub(super) mod arm_order {
         let (mut acc, mut summs) = ([[0.0f32; 4]; 2], 0.0f32);
         let mut ib = 0;
         while ib + 1 < nb {
-            summs += w[ib].m() * x[ib].s() + w[ib + 1].m() * x[ib + 1].s();
+            summs += fmadd(w[ib].m(), x[ib].s(), w[ib + 1].m() * x[ib + 1].s());
             for k in 0..2 {
                 let (bw, bx) = (&w[ib + k], &x[ib + k]);
                 mla(
@@ -477,7 +500,7 @@ pub(super) mod arm_order {
         let mut sumf = hsum(acc[0]) + hsum(acc[1]) + summs;
         if ib < nb {
             let sumi: i32 = lanes(|j| nib(&w[ib].qs, j), &x[ib].qs).iter().sum();
-            sumf += (w[ib].d() * x[ib].d()) * sumi as f32 + w[ib].m() * x[ib].s();
+            sumf += fmadd(w[ib].d() * x[ib].d(), sumi as f32, w[ib].m() * x[ib].s());
         }
         sumf
     }
@@ -500,7 +523,7 @@ pub(super) mod arm_order {
         let mut sumf = hsum(acc[0]) + hsum(acc[1]);
         if ib < nb {
             let sumi: i32 = lanes(|j| nib(&w[ib].qs, j) - 8, &x[ib].qs).iter().sum();
-            sumf += sumi as f32 * w[ib].d() * x[ib].d();
+            sumf = fmadd(sumi as f32 * w[ib].d(), x[ib].d(), sumf);
         }
         sumf
     }
@@ -523,7 +546,7 @@ pub(super) mod arm_order {
         let mut sumf = hsum(acc[0]) + hsum(acc[1]);
         if ib < nb {
             let sumi: i32 = lanes(|j| i32::from(w[ib].qs[j]), &x[ib].qs).iter().sum();
-            sumf += sumi as f32 * (w[ib].d() * x[ib].d());
+            sumf = fmadd(sumi as f32, w[ib].d() * x[ib].d(), sumf);
         }
         sumf
     }

@@ -7,39 +7,36 @@
 //! [`kernel!`]: with `sdot` (`neon,dotprod`) and with widening multiplies (`neon` only). The
 //! integer parts are exact either way, so the two variants are bit-identical.
 //!
-//! # Order of operations: ggml's ARM NEON kernels
+//! # Order of operations: ggml's ARM NEON kernels, as GCC compiles them
 //!
 //! The float arithmetic follows the plain NEON branch of ggml-cpu's
-//! `ggml/src/ggml-cpu/arch/arm/quants.c` (no SVE, no `i8mm`), so that results on Orin can match
-//! an ARM build of llama.cpp. For the k-quants every sub-block sum is an exact integer, and the
-//! floats are touched once per super-block:
+//! `ggml/src/ggml-cpu/arch/arm/quants.c` (no SVE, no `i8mm`), and every scalar `a * b + c` in
+//! it is one fused multiply-add, as GCC compiles that C code for llama.cpp (`neon.rs`:
+//! `CONTRACT`, [`fmadd`]). `tests/data/neon-ggml/` holds ggml's own results, built that way and
+//! run under qemu: both variants equal them bit for bit on every case. For the k-quants every
+//! sub-block sum is an exact integer, and the floats are touched once per super-block
+//! (`fma(a, b, c)` = one rounding):
 //!
-//! * Q4_K and Q2_K: `sumf -= dmin * mins; sumf += d * isum` (two separate updates; the scalar
-//!   references do `sumf += d * isum - dmin * mins`, so the two differ in the last bits),
-//! * Q5_K: `sumf += d * isum - dmin * mins` (the scalar reference's order: bit-identical),
-//! * Q6_K: `sumf += (d_w * d_x) * isum` (ggml adds the `-32` offset in integers through the
-//!   `bsums`; the scalar reference's order: bit-identical),
-//! * Q3_K and IQ4_XS: `sumf += (d_w * d_x) * isum` (the scalar references' order:
-//!   bit-identical),
+//! * Q4_K and Q2_K: `sumf = fma(-mins, dmin, sumf); sumf = fma(isum, d, sumf)`,
+//! * Q5_K: `sumf += fma(isum, d, -(dmin * mins))`,
+//! * Q6_K, Q3_K and IQ4_XS: `sumf = fma(d_w * d_x, isum, sumf)` (Q6_K's `-32` offset is added in
+//!   integers through the `bsums`, as ggml does),
 //!
 //! where `d = d_x * d_w`, `dmin = d_x * dmin_w` and `mins = sum_k m_k * (bsum_2k + bsum_2k+1)`.
 //!
 //! The 32-element types keep per-block lanes in floats, as `neon.rs` describes for Q4_0:
 //!
-//! * Q5_0 and Q5_1 exactly as Q4_0 / Q4_1 there (block pairs into two f32x4 accumulators of
-//!   `acc + lanes * (d_w * d_x)`, then `hsum(acc0) + hsum(acc1)`), except that Q5_1 sums the
-//!   `m_w * s_x` of even and odd blocks apart and adds them last:
-//!   `((hsum0 + hsum1) + summs0) + summs1`;
-//! * IQ4_NL in whole integers per block: `sumf += (d_w0 * d_x0) * sumi0 + (d_w1 * d_x1) * sumi1`
-//!   per pair.
+//! * Q5_0 and Q5_1 as Q4_0 / Q4_1 there (block pairs into two f32x4 accumulators of
+//!   `acc + lanes * (d_w * d_x)`, unfused, then `hsum(acc0) + hsum(acc1)`), except that Q5_1
+//!   sums the `m_w * s_x` of even and odd blocks apart (`summs_k = fma(m_w, s_x, summs_k)`) and
+//!   adds them last: `((hsum0 + hsum1) + summs0) + summs1`;
+//! * IQ4_NL in whole integers per block, per pair
+//!   `sumf += fma(d_w0 * d_x0, sumi0, (d_w1 * d_x1) * sumi1)`.
 //!
 //! An odd last block is added in scalar code, as ggml's tail loop writes it (see the bodies).
-//! None of these three is the scalar references' order (those add block by block), so they
-//! differ from them in the last bits; the tests hold them to a scalar emulation of ggml's
-//! order bit for bit and to the references within a relative `1e-5`.
-//! Scalar C expressions are followed as written, each operation rounded (as `neon.rs` does with
-//! its `FUSED = false`): a compiler that contracts `a + b * c` into one fused multiply-add (GCC
-//! in GNU C mode, clang's `-ffp-contract=on`) would give last-bit differences.
+//! The scalar references add block by block without fusing, so every type here differs from its
+//! reference in the last bits: the tests hold the kernels to ggml's results and to scalar
+//! emulations of ggml's order bit for bit, and to the references within a relative 1e-5.
 
 // Indexing mirrors ggml's block layout (several arrays addressed by one element index).
 #![allow(clippy::needless_range_loop)]
@@ -49,7 +46,7 @@ use std::arch::aarch64::*;
 use super::f16_le;
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::iq4_xs::BlockIq4Xs;
-use super::neon::{block_idot, hsum, load_q8, mla, nibbles, sdot, Token};
+use super::neon::{block_idot, fmadd, hsum, load_q8, mla, nibbles, sdot, Token};
 use super::q2_k::BlockQ2_K;
 use super::q3_k::BlockQ3_K;
 use super::q4_k::{scale_min_k4, BlockQ4_K};
@@ -137,7 +134,7 @@ unsafe fn dot_q4_k_q8_k_body<const SDOT: bool>(w: &[BlockQ4_K], x: &[BlockQ8_K])
         let d = bx.d() * f16_le(bw.d);
         let dmin = bx.d() * f16_le(bw.dmin);
         let (sc, mins) = scales_and_mins(&bw.scales, bx);
-        sumf -= dmin * mins as f32;
+        sumf = fmadd(-(mins as f32), dmin, sumf);
         let mut isum = 0i32;
         for c in 0..4 {
             // SAFETY: in-bounds loads (`load_*`), plain NEON, `SDOT` as the caller's.
@@ -150,7 +147,7 @@ unsafe fn dot_q4_k_q8_k_body<const SDOT: bool>(w: &[BlockQ4_K], x: &[BlockQ8_K])
                 isum += lo * sc[2 * c] + hi * sc[2 * c + 1];
             }
         }
-        sumf += d * isum as f32;
+        sumf = fmadd(isum as f32, d, sumf);
     }
     sumf
 }
@@ -184,7 +181,8 @@ unsafe fn dot_q5_k_q8_k_body<const SDOT: bool>(w: &[BlockQ5_K], x: &[BlockQ8_K])
                 isum += lo * sc[2 * c] + hi * sc[2 * c + 1];
             }
         }
-        sumf += d * isum as f32 - dmin * mins as f32;
+        // GCC fuses `d * isum` and rounds `dmin * mins`.
+        sumf += fmadd(isum as f32, d, -(dmin * mins as f32));
     }
     sumf
 }
@@ -227,7 +225,7 @@ unsafe fn dot_q6_k_q8_k_body<const SDOT: bool>(w: &[BlockQ6_K], x: &[BlockQ8_K])
                 }
             }
         }
-        sumf += f16_le(bw.d) * bx.d() * (isum - 32 * isum_mins) as f32;
+        sumf = fmadd(f16_le(bw.d) * bx.d(), (isum - 32 * isum_mins) as f32, sumf);
     }
     sumf
 }
@@ -251,7 +249,7 @@ unsafe fn dot_q2_k_q8_k_body<const SDOT: bool>(w: &[BlockQ2_K], x: &[BlockQ8_K])
         for k in 0..16 {
             mins += i32::from(bw.scales[k] >> 4) * bx.bsum(k);
         }
-        sumf -= dmin * mins as f32;
+        sumf = fmadd(-(mins as f32), dmin, sumf);
         let mut isum = 0i32;
         for h in 0..2 {
             // SAFETY: in-bounds loads (`load_*`), plain NEON, `SDOT` as the caller's.
@@ -267,7 +265,7 @@ unsafe fn dot_q2_k_q8_k_body<const SDOT: bool>(w: &[BlockQ2_K], x: &[BlockQ8_K])
                 }
             }
         }
-        sumf += d * isum as f32;
+        sumf = fmadd(isum as f32, d, sumf);
     }
     sumf
 }
@@ -300,7 +298,7 @@ unsafe fn dot_q3_k_q8_k_body<const SDOT: bool>(w: &[BlockQ3_K], x: &[BlockQ8_K])
                 }
             }
         }
-        sumf += d * isum as f32;
+        sumf = fmadd(isum as f32, d, sumf);
     }
     sumf
 }
@@ -323,7 +321,7 @@ unsafe fn dot_iq4_xs_q8_k_body<const SDOT: bool>(w: &[BlockIq4Xs], x: &[BlockQ8_
                 isum += idot32::<SDOT>(wl, wh, yl, yh) * bw.scale(k);
             }
         }
-        sumf += f16_le(bw.d) * bx.d() * isum as f32;
+        sumf = fmadd(f16_le(bw.d) * bx.d(), isum as f32, sumf);
     }
     sumf
 }
@@ -394,7 +392,7 @@ unsafe fn dot_q5_0_q8_0_body<const SDOT: bool>(w: &[BlockQ5_0], x: &[BlockQ8_0])
     let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) };
     if ib < nb {
         let sumi = q5_sumi(w[ib].quants(), &x[ib].qs, 16);
-        sumf += (w[ib].d() * x[ib].d()) * sumi as f32;
+        sumf = fmadd(w[ib].d() * x[ib].d(), sumi as f32, sumf);
     }
     sumf
 }
@@ -411,7 +409,7 @@ unsafe fn dot_q5_1_q8_1_body<const SDOT: bool>(w: &[BlockQ5_1], x: &[BlockQ8_1])
     while ib + 1 < nb {
         let pairs = [(&w[ib], &x[ib]), (&w[ib + 1], &x[ib + 1])];
         for ((a, sm), (bw, bx)) in acc.iter_mut().zip(&mut summs).zip(pairs) {
-            *sm += bw.m() * bx.s();
+            *sm = fmadd(bw.m(), bx.s(), *sm);
             // SAFETY: plain NEON on in-bounds block references; `SDOT` as the caller's.
             unsafe {
                 let (wl, wh) = q5_quants(&bw.qs, &bw.qh);
@@ -425,7 +423,7 @@ unsafe fn dot_q5_1_q8_1_body<const SDOT: bool>(w: &[BlockQ5_1], x: &[BlockQ8_1])
     let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) } + summs[0] + summs[1];
     if ib < nb {
         let sumi = q5_sumi(w[ib].quants(), &x[ib].qs, 0);
-        sumf += (w[ib].d() * x[ib].d()) * sumi as f32 + w[ib].m() * x[ib].s();
+        sumf += fmadd(w[ib].d() * x[ib].d(), sumi as f32, w[ib].m() * x[ib].s());
     }
     sumf
 }
@@ -464,11 +462,13 @@ unsafe fn dot_iq4_nl_q8_0_body<const SDOT: bool>(w: &[BlockIq4Nl], x: &[BlockQ8_
     while ib + 1 < nb {
         let s0 = sumi(&w[ib], &x[ib]);
         let s1 = sumi(&w[ib + 1], &x[ib + 1]);
-        sumf += (w[ib].d() * x[ib].d()) * s0 as f32 + (w[ib + 1].d() * x[ib + 1].d()) * s1 as f32;
+        // GCC fuses the first block's product.
+        let second = (w[ib + 1].d() * x[ib + 1].d()) * s1 as f32;
+        sumf += fmadd(w[ib].d() * x[ib].d(), s0 as f32, second);
         ib += 2;
     }
     if ib < nb {
-        sumf += (x[ib].d() * w[ib].d()) * sumi(&w[ib], &x[ib]) as f32;
+        sumf = fmadd(sumi(&w[ib], &x[ib]) as f32, x[ib].d() * w[ib].d(), sumf);
     }
     sumf
 }
@@ -702,7 +702,7 @@ mod tests {
         while ib + 1 < nb {
             for k in 0..2 {
                 let ((dw, mw, q), (dx, sx, qs)) = (w[ib + k], x[ib + k]);
-                summs[k] += mw * sx;
+                summs[k] = fmadd(mw, sx, summs[k]);
                 mla4(&mut acc[k], lanes(&value(q), &qs), dw * dx);
             }
             ib += 2;
@@ -714,10 +714,10 @@ mod tests {
         if ib < nb {
             let ((dw, mw, q), (dx, sx, qs)) = (w[ib], x[ib]);
             let sumi: i32 = lanes(&value(q), &qs).iter().sum();
-            sumf += if offset == 0 {
-                (dw * dx) * sumi as f32 + mw * sx
+            sumf = if offset == 0 {
+                sumf + fmadd(dw * dx, sumi as f32, mw * sx)
             } else {
-                (dw * dx) * sumi as f32
+                fmadd(dw * dx, sumi as f32, sumf)
             };
         }
         sumf
@@ -740,12 +740,12 @@ mod tests {
         let (nb, mut sumf, mut ib) = (w.len(), 0.0f32, 0);
         while ib + 1 < nb {
             let (s0, s1) = (sumi(&w[ib], &x[ib]), sumi(&w[ib + 1], &x[ib + 1]));
-            sumf +=
-                (w[ib].d() * x[ib].d()) * s0 as f32 + (w[ib + 1].d() * x[ib + 1].d()) * s1 as f32;
+            let second = (w[ib + 1].d() * x[ib + 1].d()) * s1 as f32;
+            sumf += fmadd(w[ib].d() * x[ib].d(), s0 as f32, second);
             ib += 2;
         }
         if ib < nb {
-            sumf += (x[ib].d() * w[ib].d()) * sumi(&w[ib], &x[ib]) as f32;
+            sumf = fmadd(sumi(&w[ib], &x[ib]) as f32, x[ib].d() * w[ib].d(), sumf);
         }
         sumf
     }
@@ -837,8 +837,8 @@ mod tests {
             }
             let d = bx.d() * f16_le(bw.d);
             let dmin = bx.d() * f16_le(bw.dmin);
-            sumf -= dmin * mins as f32;
-            sumf += d * isum as f32;
+            sumf = fmadd(-(mins as f32), dmin, sumf);
+            sumf = fmadd(isum as f32, d, sumf);
             mag += (dmin * mins as f32).abs() + (d * isum as f32).abs();
         }
         (sumf, mag)
@@ -863,8 +863,8 @@ mod tests {
             }
             let d = bx.d() * f16_le(bw.d);
             let dmin = bx.d() * f16_le(bw.dmin);
-            sumf -= dmin * mins as f32;
-            sumf += d * isum as f32;
+            sumf = fmadd(-(mins as f32), dmin, sumf);
+            sumf = fmadd(isum as f32, d, sumf);
             mag += (dmin * mins as f32).abs() + (d * isum as f32).abs();
         }
         (sumf, mag)
@@ -892,8 +892,54 @@ mod tests {
         }
     }
 
+    /// Both variants against ggml-cpu's own ARM NEON dots: `tests/data/neon-ggml/` holds random
+    /// and extreme rows of every type (`cases.bin`) and the results of llama.cpp's
+    /// `ggml_vec_dot_*` compiled for aarch64 with GCC and run under qemu (`ggml-arm.bin`; its
+    /// README says how they were made).
     #[test]
-    fn k_quants_follow_ggml_neon_order_bit_for_bit() {
+    fn both_variants_equal_ggml_arm_build() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/neon-ggml");
+        let cases = std::fs::read(dir.join("cases.bin")).expect("tests/data/neon-ggml/cases.bin");
+        let want = std::fs::read(dir.join("ggml-arm.bin")).expect("neon-ggml/ggml-arm.bin");
+        let rd = |p: &mut usize| {
+            let v = u32::from_le_bytes(cases[*p..*p + 4].try_into().unwrap()) as usize;
+            *p += 4;
+            v
+        };
+        let mut pos = 0;
+        let count = rd(&mut pos);
+        assert_eq!(want.len(), 4 * count);
+        let ks = neon_kernels();
+        let mut mismatches = Vec::new();
+        let mut per_type: std::collections::BTreeMap<String, usize> = Default::default();
+        for c in 0..count {
+            let (id, n) = (rd(&mut pos) as u32, rd(&mut pos));
+            let wl = rd(&mut pos);
+            let w = &cases[pos..pos + wl];
+            pos += wl;
+            let xl = rd(&mut pos);
+            let x = &cases[pos..pos + xl];
+            pos += xl;
+            let ty = GgmlType::from_id(id).unwrap();
+            let expect = f32::from_le_bytes(want[4 * c..4 * c + 4].try_into().unwrap());
+            *per_type.entry(ty.to_string()).or_default() += 1;
+            for k in &ks {
+                let got = k.vec_dot(ty, n, w, x);
+                if got.to_bits() != expect.to_bits() {
+                    mismatches.push(format!(
+                        "{} {ty} n={n} (case {c}): {got} vs ggml {expect}",
+                        k.isa_name()
+                    ));
+                }
+            }
+        }
+        assert_eq!(pos, cases.len());
+        eprintln!("cases per type, each compared with ggml's ARM build: {per_type:?}");
+        assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+    }
+
+    #[test]
+    fn k_quants_agree_across_variants_and_with_emulation() {
         let mut r = Rng::new(300);
         let ks = neon_kernels();
         let types = [
@@ -918,18 +964,17 @@ mod tests {
                         GgmlType::Q2_K => Some(arm_q2_k(blocks(&w), blocks(&x))),
                         _ => None,
                     };
-                    let want = if let Some((arm, mag)) = arm {
-                        // Another order than the scalar reference: close to it, and the
-                        // emulation of ggml's is what must hold bit for bit.
-                        let tol = 1e-6 * mag + 1e-6;
-                        assert!(
-                            (arm - scalar).abs() <= tol,
-                            "{ty} nb={nb} extreme={extreme}: {arm} vs scalar {scalar}"
-                        );
-                        arm
-                    } else {
-                        scalar
-                    };
+                    // The NEON results are ggml's order with GCC's contractions (checked
+                    // against ggml itself in `both_variants_equal_ggml_arm_build`): for Q4_K
+                    // and Q2_K a scalar emulation must hold bit for bit; every variant must
+                    // give the same bits; all are close to the scalar reference.
+                    let first = ks[0].vec_dot(ty, n, &w, &x);
+                    let (want, mag) = arm.unwrap_or((first, magnitude(ty, &w, &x)));
+                    let tol = 1e-5 * mag + 1e-5;
+                    assert!(
+                        (want - scalar).abs() <= tol,
+                        "{ty} nb={nb} extreme={extreme}: {want} vs scalar {scalar}"
+                    );
                     for k in &ks {
                         let got = k.vec_dot(ty, n, &w, &x);
                         assert_eq!(
