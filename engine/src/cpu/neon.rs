@@ -197,7 +197,8 @@ unsafe fn dot_q4_1_q8_1_body<const SDOT: bool>(w: &[BlockQ4_1], x: &[BlockQ8_1])
     let mut ib = 0;
     while ib + 1 < nb {
         let (w0, w1, x0, x1) = (&w[ib], &w[ib + 1], &x[ib], &x[ib + 1]);
-        // `m0 * s0 + m1 * s1`: GCC fuses the first product.
+        // `m0 * s0 + m1 * s1`: GCC fuses the first product (m and s are f16 values, so each
+        // product is exact in f32 and fusing changes no bits here).
         summs += fmadd(w0.m(), x0.s(), w1.m() * x1.s());
         for (a, (bw, bx)) in acc.iter_mut().zip([(w0, x0), (w1, x1)]) {
             // SAFETY: plain NEON on in-bounds block references; see `block_idot` for SDOT.

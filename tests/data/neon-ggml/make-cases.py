@@ -73,6 +73,9 @@ for tid, (name, be, bb, offs, fill, act) in TYPES.items():
     for nb in counts:
         for extreme in (False, True):
             cases.append((tid, nb * be, weights(tid, nb, extreme), activations(act, nb, extreme)))
+    # More random rows: enough block pairs that each fused-or-rounded choice shows.
+    for nb in [16, 17, 24, 33, 48, 49] if be == 32 else [2, 4, 5, 8]:
+        cases.append((tid, nb * be, weights(tid, nb, False), activations(act, nb, False)))
 
 with open(sys.argv[1] if len(sys.argv) > 1 else "cases.bin", "wb") as f:
     f.write(struct.pack("<I", len(cases)))
