@@ -76,7 +76,7 @@ unsafe fn load_i8(s: &[i8], at: usize) -> int8x16_t {
 }
 
 /// The integer dot of 16 byte pairs, spread over 4 i32 lanes (only their sum is used). Bytes
-/// are i8 on both sides; the callers' weights are small non-negative values (below 64).
+/// are i8 on both sides (the callers' weights are small: -4..=63); exact either way.
 #[inline(always)]
 unsafe fn idot16<const SDOT: bool>(a: int8x16_t, b: int8x16_t) -> int32x4_t {
     if SDOT {
