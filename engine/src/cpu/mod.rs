@@ -39,6 +39,8 @@ mod iq4_xs;
 mod kquant_order;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_quants;
 mod ops;
 mod q2_k;
 mod q3_k;
@@ -583,6 +585,28 @@ impl Kernels {
             (Isa::Neon(t), GgmlType::Q4_0) => neon::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
             #[cfg(target_arch = "aarch64")]
             (Isa::Neon(t), GgmlType::Q8_0) => neon::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_K) => neon_quants::dot_q4_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_K) => neon_quants::dot_q5_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q6_K) => neon_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_0) => neon_quants::dot_q5_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_1) => neon_quants::dot_q5_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_NL) => {
+                neon_quants::dot_iq4_nl_q8_0(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q2_K) => neon_quants::dot_q2_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q3_K) => neon_quants::dot_q3_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_XS) => {
+                neon_quants::dot_iq4_xs_q8_k(t, blocks(w), blocks(x))
+            }
             // The scalar set on x86-64 adds in ggml's x86 order, as the avx2 set does.
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q4_1) => ggml_order::dot_q4_1_q8_1_x86(blocks(w), blocks(x)),
@@ -844,6 +868,42 @@ impl Kernels {
             (Isa::Neon(t), GgmlType::Q8_0) => {
                 let xb = blocks(x);
                 rows_with!(|wr| neon::dot_q8_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_K) => {
+                rows_with!(|wr| neon_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_K) => {
+                rows_with!(|wr| neon_quants::dot_q5_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q6_K) => {
+                rows_with!(|wr| neon_quants::dot_q6_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_0) => {
+                rows_with!(|wr| neon_quants::dot_q5_0_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_1) => {
+                rows_with!(|wr| neon_quants::dot_q5_1_q8_1(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_NL) => {
+                rows_with!(|wr| neon_quants::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q2_K) => {
+                rows_with!(|wr| neon_quants::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q3_K) => {
+                rows_with!(|wr| neon_quants::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_XS) => {
+                rows_with!(|wr| neon_quants::dot_iq4_xs_q8_k(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::Q4_1) => {

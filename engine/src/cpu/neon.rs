@@ -25,7 +25,8 @@
 //!   for Q4_1, `+ summs`, where `summs` accumulated `m_w0 * s_x0 + m_w1 * s_x1` per pair.
 //! * An odd last block is added in scalar code, as ggml's tail loop writes it:
 //!   Q4_0 `sumf += (sumi * d_w) * d_x`, Q4_1 `sumf += ((d_w * d_x) * sumi + m_w * s_x)`,
-//!   Q8_0 `sumf += sumi * (d_w * d_x)`.
+//!   Q8_0 `sumf += sumi * (d_w * d_x)`, each `a * b + c` in it fused as GCC compiles it
+//!   ([`CONTRACT`]; Q4_1's `summs` too).
 //!
 //! The quantizers are ggml's NEON `quantize_row_q8_0/1` for the ARM rounding flavour (`1/d`,
 //! round half to even) and bit-identical to the scalar references for every flavour.
@@ -40,11 +41,32 @@ use super::q8_1::BlockQ8_1;
 use super::{f16_le_bytes, Q8Rounding, QK};
 
 /// Whether `acc + lane * scale` is one fused multiply-add. ggml writes `vmlaq_n_f32`, which ACLE
-/// defines as a multiply then an add (two roundings), and which GCC 12+ compiles that way;
+/// defines as a multiply then an add (two roundings), and which GCC 12+ compiles that way
+/// (`fmul` + `fadd` in ggml's aarch64 objects; `tests/data/neon-ggml/` agrees bit for bit);
 /// clang (and older GCC with `-ffp-contract=fast`) fuse it into `fmla`. We follow the
 /// unfused definition; a llama.cpp built with clang would differ in the last bits (flip this to
 /// match it).
 const FUSED: bool = false;
+
+/// Whether the scalar C expressions of ggml's kernels (the odd last block, Q4_1's `m * s` sums,
+/// the k-quants' per-block updates) are contracted into fused multiply-adds, as GCC compiles
+/// them in GNU C mode (`-ffp-contract=fast`, the default; llama.cpp's CMake asks for C11 with
+/// extensions, i.e. `-std=gnu11`). Measured: ggml's own `ggml_vec_dot_*` built for aarch64 with
+/// GCC 12 (`tests/data/neon-ggml/`) contract every such `a * b + c`, and equal these kernels bit
+/// for bit only with this on. Which product of `a * b + c * d` GCC fuses is read from its code:
+/// see each use of [`fmadd`].
+const CONTRACT: bool = true;
+
+/// `a * b + c` as ggml's C source writes it, compiled as GCC does ([`CONTRACT`]): one rounding
+/// (`fmadd`, always present on aarch64) or two.
+#[inline(always)]
+pub(super) fn fmadd(a: f32, b: f32, c: f32) -> f32 {
+    if CONTRACT {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
 
 /// Proof that this CPU has NEON (and whether it has the dot-product instructions): only
 /// [`Token::detect`] creates one, and every safe entry point of this file takes one.
@@ -76,7 +98,7 @@ impl Token {
 /// `acc + sdot(a, b)`: lane `k` of the result adds the four products of bytes `4k..4k+3`.
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: `sdot` only reads and writes the three vector registers named here (no memory,
     // no flags); the function is compiled with `dotprod`, and callers hold a `Token` proving
@@ -98,7 +120,7 @@ unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 /// `SDOT` picks `sdot` (only in `dotprod` functions) or widening multiplies; the lanes are the
 /// same integers either way.
 #[inline(always)]
-unsafe fn block_idot<const SDOT: bool>(
+pub(super) unsafe fn block_idot<const SDOT: bool>(
     w_lo: int8x16_t,
     w_hi: int8x16_t,
     x_lo: int8x16_t,
@@ -121,7 +143,7 @@ unsafe fn block_idot<const SDOT: bool>(
 
 /// `acc + lanes * scale` in ggml's rounding (see [`FUSED`]).
 #[inline(always)]
-unsafe fn mla(acc: float32x4_t, lanes: int32x4_t, scale: f32) -> float32x4_t {
+pub(super) unsafe fn mla(acc: float32x4_t, lanes: int32x4_t, scale: f32) -> float32x4_t {
     let v = vcvtq_f32_s32(lanes); // exact: |lane| <= 8 * 128 * 128 < 2^24
     if FUSED {
         vfmaq_n_f32(acc, v, scale)
@@ -132,7 +154,7 @@ unsafe fn mla(acc: float32x4_t, lanes: int32x4_t, scale: f32) -> float32x4_t {
 
 /// `(v0 + v1) + (v2 + v3)`, as `vaddvq_f32` (two pairwise adds) computes it.
 #[inline(always)]
-unsafe fn hsum(v: float32x4_t) -> f32 {
+pub(super) unsafe fn hsum(v: float32x4_t) -> f32 {
     let p = vpaddq_f32(v, v);
     vpadds_f32(vget_low_f32(p))
 }
@@ -140,7 +162,7 @@ unsafe fn hsum(v: float32x4_t) -> f32 {
 /// The 32 nibbles of a Q4 block as two vectors of bytes 0..15: elements 0..15 (low nibbles)
 /// and 16..31 (high nibbles).
 #[inline(always)]
-unsafe fn nibbles(qs: &[u8; 16]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> (int8x16_t, int8x16_t) {
     // SAFETY: `qs` is 16 readable bytes; `vld1q_u8` has no alignment requirement.
     let q = unsafe { vld1q_u8(qs.as_ptr()) };
     let lo = vandq_u8(q, vdupq_n_u8(0x0F));
@@ -150,7 +172,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> (int8x16_t, int8x16_t) {
 
 /// The 32 quants of a Q8 block as elements 0..15 and 16..31.
 #[inline(always)]
-unsafe fn load_q8(qs: &[i8; 32]) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn load_q8(qs: &[i8; 32]) -> (int8x16_t, int8x16_t) {
     // SAFETY: `qs` is 32 readable bytes; `vld1q_s8` has no alignment requirement.
     unsafe { (vld1q_s8(qs.as_ptr()), vld1q_s8(qs.as_ptr().add(16))) }
 }
@@ -175,7 +197,9 @@ unsafe fn dot_q4_1_q8_1_body<const SDOT: bool>(w: &[BlockQ4_1], x: &[BlockQ8_1])
     let mut ib = 0;
     while ib + 1 < nb {
         let (w0, w1, x0, x1) = (&w[ib], &w[ib + 1], &x[ib], &x[ib + 1]);
-        summs += w0.m() * x0.s() + w1.m() * x1.s();
+        // `m0 * s0 + m1 * s1`: GCC fuses the first product (m and s are f16 values, so each
+        // product is exact in f32 and fusing changes no bits here).
+        summs += fmadd(w0.m(), x0.s(), w1.m() * x1.s());
         for (a, (bw, bx)) in acc.iter_mut().zip([(w0, x0), (w1, x1)]) {
             // SAFETY: plain NEON on in-bounds block references; see `block_idot` for SDOT.
             unsafe {
@@ -190,7 +214,7 @@ unsafe fn dot_q4_1_q8_1_body<const SDOT: bool>(w: &[BlockQ4_1], x: &[BlockQ8_1])
     let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) } + summs;
     if ib < nb {
         let sumi = q4_sumi(&w[ib].qs, &x[ib].qs, 0);
-        sumf += (w[ib].d() * x[ib].d()) * sumi as f32 + w[ib].m() * x[ib].s();
+        sumf += fmadd(w[ib].d() * x[ib].d(), sumi as f32, w[ib].m() * x[ib].s());
     }
     sumf
 }
@@ -219,7 +243,7 @@ unsafe fn dot_q4_0_q8_0_body<const SDOT: bool>(w: &[BlockQ4_0], x: &[BlockQ8_0])
     let mut sumf = unsafe { hsum(acc[0]) + hsum(acc[1]) };
     if ib < nb {
         let sumi = q4_sumi(&w[ib].qs, &x[ib].qs, 8);
-        sumf += sumi as f32 * w[ib].d() * x[ib].d();
+        sumf = fmadd(sumi as f32 * w[ib].d(), x[ib].d(), sumf);
     }
     sumf
 }
@@ -251,7 +275,7 @@ unsafe fn dot_q8_0_q8_0_body<const SDOT: bool>(w: &[BlockQ8_0], x: &[BlockQ8_0])
             .zip(&x[ib].qs)
             .map(|(a, b)| i32::from(*a) * i32::from(*b))
             .sum();
-        sumf += sumi as f32 * (w[ib].d() * x[ib].d());
+        sumf = fmadd(sumi as f32, w[ib].d() * x[ib].d(), sumf);
     }
     sumf
 }
@@ -463,7 +487,7 @@ pub(super) mod arm_order {
         let (mut acc, mut summs) = ([[0.0f32; 4]; 2], 0.0f32);
         let mut ib = 0;
         while ib + 1 < nb {
-            summs += w[ib].m() * x[ib].s() + w[ib + 1].m() * x[ib + 1].s();
+            summs += fmadd(w[ib].m(), x[ib].s(), w[ib + 1].m() * x[ib + 1].s());
             for k in 0..2 {
                 let (bw, bx) = (&w[ib + k], &x[ib + k]);
                 mla(
@@ -477,7 +501,7 @@ pub(super) mod arm_order {
         let mut sumf = hsum(acc[0]) + hsum(acc[1]) + summs;
         if ib < nb {
             let sumi: i32 = lanes(|j| nib(&w[ib].qs, j), &x[ib].qs).iter().sum();
-            sumf += (w[ib].d() * x[ib].d()) * sumi as f32 + w[ib].m() * x[ib].s();
+            sumf += fmadd(w[ib].d() * x[ib].d(), sumi as f32, w[ib].m() * x[ib].s());
         }
         sumf
     }
@@ -500,7 +524,7 @@ pub(super) mod arm_order {
         let mut sumf = hsum(acc[0]) + hsum(acc[1]);
         if ib < nb {
             let sumi: i32 = lanes(|j| nib(&w[ib].qs, j) - 8, &x[ib].qs).iter().sum();
-            sumf += sumi as f32 * w[ib].d() * x[ib].d();
+            sumf = fmadd(sumi as f32 * w[ib].d(), x[ib].d(), sumf);
         }
         sumf
     }
@@ -523,7 +547,7 @@ pub(super) mod arm_order {
         let mut sumf = hsum(acc[0]) + hsum(acc[1]);
         if ib < nb {
             let sumi: i32 = lanes(|j| i32::from(w[ib].qs[j]), &x[ib].qs).iter().sum();
-            sumf += sumi as f32 * (w[ib].d() * x[ib].d());
+            sumf = fmadd(sumi as f32, w[ib].d() * x[ib].d(), sumf);
         }
         sumf
     }
