@@ -1049,7 +1049,24 @@ impl Kernels {
             }
             match w_ty {
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
-                GgmlType::Q4_0 if repacked => rows_with!(repack::avx2::dot_q4_0_q8_0_xn),
+                GgmlType::Q4_0 if repacked => {
+                    // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
+                    let xbl = x.map(|x| blocks(x));
+                    let n8 = y[0].len() / 8 * 8;
+                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
+                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
+                        let r = repack::avx2::dot_q4_0_q8_0_rows8_x4(t, rows8, xbl);
+                        for (yt, rt) in y.iter_mut().zip(r) {
+                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
+                        }
+                    }
+                    for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {
+                        let r = repack::avx2::dot_q4_0_q8_0_xn(t, blocks(wr), xbl);
+                        for (yt, rt) in y.iter_mut().zip(r) {
+                            yt[i] = rt;
+                        }
+                    }
+                }
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),

@@ -398,6 +398,64 @@ pub(super) mod avx2 {
         out
     }
 
+    /// [`q4_0_rows8_impl`] for 4 activation rows (prefill): 8 weight rows in the lanes, the
+    /// 4 tokens in 4 accumulators; every lane is the one-row kernel's sequence for its (row,
+    /// token), so the bits are the same.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `w[r]` has at least `x[t].len()` blocks and every
+    /// `x[t]` the same length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_0_rows8_x4_impl(w: [&[BlockQ4_0]; 8], x: [&[BlockQ8_0]; 4]) -> [[f32; 8]; 4] {
+        let ones = _mm256_set1_epi16(1);
+        let eights = _mm256_set1_epi8(8);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in 0..x[0].len() {
+            // SAFETY: i < x[t].len() <= w[r].len() (caller).
+            let bw: [&BlockQ4_0; 8] = std::array::from_fn(|r| unsafe { w[r].get_unchecked(i) });
+            let dw: [f32; 8] = std::array::from_fn(|r| bw[r].d());
+            // SAFETY: `dw` is 8 readable f32.
+            let dwv = unsafe { _mm256_loadu_ps(dw.as_ptr()) };
+            let q: [__m256i; 8] = std::array::from_fn(|r| nibbles(&bw[r].qs));
+            for t in 0..4 {
+                // SAFETY: as above.
+                let bx = unsafe { x[t].get_unchecked(i) };
+                let y = load_q8(&bx.qs);
+                let ey = _mm256_maddubs_epi16(eights, y);
+                let p: [__m256i; 8] = std::array::from_fn(|r| {
+                    _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q[r], y), ey), ones)
+                });
+                let isum = _mm256_cvtepi32_ps(hsum_i32_x8(p));
+                // Lane r: d_w(r) * d_x, the one-row kernel's product.
+                let d = _mm256_mul_ps(dwv, _mm256_set1_ps(bx.d()));
+                acc[t] = _mm256_fmadd_ps(isum, d, acc[t]);
+            }
+        }
+        let mut out = [[0.0f32; 8]; 4];
+        for t in 0..4 {
+            // SAFETY: `out[t]` is 8 writable f32.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        }
+        out
+    }
+
+    /// [`dot_q4_0_q8_0`] of 8 weight rows with 4 activation rows, bit-identical to 32 calls:
+    /// `out[t][r]` is row r with token t.
+    ///
+    /// # Panics
+    /// If the activation rows differ in length or a weight row is shorter than them.
+    pub(in super::super) fn dot_q4_0_q8_0_rows8_x4(
+        _: Token,
+        w: [&[BlockQ4_0]; 8],
+        x: [&[BlockQ8_0]; 4],
+    ) -> [[f32; 8]; 4] {
+        let n = x[0].len();
+        assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+        assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
+        // SAFETY: see below (the token); lengths checked.
+        unsafe { q4_0_rows8_x4_impl(w, x) }
+    }
+
     /// [`dot_q4_0_q8_0`] of 8 weight rows with one activation row, bit-identical to 8 calls.
     ///
     /// # Panics
