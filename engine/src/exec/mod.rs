@@ -970,6 +970,13 @@ impl OpCtx<'_> {
         split_range(n, self.tid, self.n_threads, granule)
     }
 
+    /// This thread's (token, head) jobs of causal attention, dealt round-robin: a job's cost
+    /// grows with its token's position, so contiguous ranges would give the last thread most of
+    /// the work (3x the first's for two threads over a whole prompt).
+    fn share_causal(&self, n: usize) -> std::iter::StepBy<std::ops::Range<usize>> {
+        (self.tid.min(n)..n).step_by(self.n_threads.max(1))
+    }
+
     /// Rows `rows` of f32 value `v`, read-only.
     fn input(&self, v: ValueId, rows: std::ops::Range<usize>) -> &[f32] {
         let cols = self.cols(v);
@@ -1532,7 +1539,7 @@ impl OpCtx<'_> {
         let quantized = self.kv.ty == KvType::Q8_0;
         let mut q8 = [0u8; MAX_Q8_HEAD_DIM / 32 * 34];
         let q8 = &mut q8[..if quantized { head_bytes } else { 0 }];
-        for job in self.share(self.n_tokens() * n_head, 1) {
+        for job in self.share_causal(self.n_tokens() * n_head) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
             let n_pos = self.args.pos0 + t + 1;
@@ -1641,7 +1648,7 @@ impl OpCtx<'_> {
         let (scores, rest) = scratch.split_at_mut(ctx);
         let (qh, rest) = rest.split_at_mut(head_dim);
         let accs = &mut rest[..head_dim * width];
-        for job in self.share(n_tok * n_head, 1) {
+        for job in self.share_causal(n_tok * n_head) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
             let n_pos = self.args.pos0 + t + 1;
