@@ -201,6 +201,20 @@ pub fn expf(x: f32) -> f32 {
     (f64::from(j) * two_n) as f32
 }
 
+/// `xs[i] = expf(xs[i] - sub)` for every i: softmax's exponentials, 8 lanes at a time where
+/// the CPU has AVX2 and FMA, with [`expf`]'s operations in every lane (the same bits).
+#[inline]
+pub fn expf_shifted(xs: &mut [f32], sub: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::expf_shifted(xs, sub) };
+    }
+    for x in xs {
+        *x = expf(*x - sub);
+    }
+}
+
 /// `ggml_v_silu`: x / (1 + e^-x) with [`expf`].
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
@@ -287,6 +301,71 @@ mod simd {
             acc[l] = h(a[k]).mul_add(b[k], acc[l]);
         }
         reduce16(&acc)
+    }
+
+    /// [`super::expf`] on 8 lanes: the same fused and plain operations in the same order;
+    /// `scalef` as an f64 product rounded once to f32, as the scalar version computes it.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn expf8(x: __m256) -> __m256 {
+        let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        // fma(-n, a, fma(-n, b, x)) = fnmadd(n, a, fnmadd(n, b, x)): -(n*a) is exact.
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+        );
+        // j * 2^n, in f64 (exact product), rounded once; 2^n from its exponent bits.
+        let ni = _mm256_cvttps_epi32(n);
+        let scale = |half: __m128i, jj: __m128| {
+            let e = _mm256_slli_epi64(
+                _mm256_add_epi64(_mm256_cvtepi32_epi64(half), _mm256_set1_epi64x(1023)),
+                52,
+            );
+            _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(jj), _mm256_castsi256_pd(e)))
+        };
+        let lo = scale(_mm256_castsi256_si128(ni), _mm256_castps256_ps128(j));
+        let hi = scale(_mm256_extracti128_si256(ni, 1), _mm256_extractf128_ps(j, 1));
+        let v = _mm256_set_m128(hi, lo);
+        // |n| > 192: 0 for n <= 0, +inf otherwise (NaN compares false, as in the scalar code).
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0), _CMP_GT_OQ);
+        let neg = _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ);
+        let over = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), neg);
+        _mm256_blendv_ps(v, over, big)
+    }
+
+    /// [`super::expf_shifted`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn expf_shifted(xs: &mut [f32], sub: f32) {
+        let full = xs.len() - xs.len() % 8;
+        let s = _mm256_set1_ps(sub);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= xs.len(); loadu/storeu need no alignment.
+            unsafe {
+                let v = _mm256_sub_ps(_mm256_loadu_ps(xs.as_ptr().add(i)), s);
+                _mm256_storeu_ps(xs.as_mut_ptr().add(i), expf8(v));
+            }
+            i += 8;
+        }
+        for x in &mut xs[full..] {
+            *x = super::expf(*x - sub);
+        }
     }
 
     /// [`super::axpy_f16`].
@@ -476,6 +555,47 @@ mod tests {
         }
     }
     use super::*;
+
+    /// The 8-lane exp equals the scalar one bit for bit, over a sweep of arguments including
+    /// the extremes (underflow to 0 and subnormals, overflow to inf, -inf, 0).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_expf_equals_scalar_bit_for_bit() {
+        if !super::simd::available() {
+            eprintln!("no AVX2/FMA/F16C: skipped");
+            return;
+        }
+        let mut xs: Vec<f32> = (0..200_000).map(|i| -140.0 + i as f32 * 0.00123).collect();
+        xs.extend([
+            f32::NEG_INFINITY,
+            -1e30,
+            -200.0,
+            -150.0,
+            -133.5,
+            -103.97,
+            -87.3,
+            -0.0,
+            0.0,
+            1e-30,
+            88.7,
+            88.8,
+            150.0,
+            1e30,
+        ]);
+        for sub in [0.0f32, 3.25, -7.5] {
+            let mut got = xs.clone();
+            // SAFETY: features checked above.
+            unsafe { super::simd::expf_shifted(&mut got, sub) };
+            for (x, g) in xs.iter().zip(&got) {
+                let want = expf(*x - sub);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "x={x} sub={sub}: {g} vs {want}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn expf_is_close_to_exp_and_handles_extremes() {

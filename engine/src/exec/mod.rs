@@ -1684,11 +1684,9 @@ impl OpCtx<'_> {
             // exp(s - max), summed 16 at a time in f64 (ggml_vec_soft_max_f32).
             let mut sum = 0.0f64;
             for chunk in scores[..n_seen].chunks_mut(LANES) {
+                order::expf_shifted(chunk, max);
                 let mut lanes = [0.0f32; LANES];
-                for (l, s) in chunk.iter_mut().enumerate() {
-                    *s = order::expf(*s - max);
-                    lanes[l] = *s;
-                }
+                lanes[..chunk.len()].copy_from_slice(chunk);
                 sum += f64::from(order::reduce16(&lanes));
             }
             let inv = (1.0 / sum) as f32;
