@@ -180,49 +180,22 @@ impl EmbedPlan {
         cfg: &EmbedConfig,
         budget: &edge_targets::Budget,
     ) -> Result<EmbedPlan> {
-        let max = model.params.n_ctx_train as u64;
-        let probe = |n: u64| -> edge_targets::Demand {
-            let c = EmbedConfig {
-                max_tokens: Some(n as usize),
-                ..cfg.clone()
-            };
-            match EmbedPlan::new(model, &c) {
-                Ok(plan) => plan.demand(),
-                Err(_) => edge_targets::Demand {
-                    weights: u64::MAX,
-                    ..Default::default()
-                },
-            }
-        };
-        let largest = || edge_targets::largest_fitting(budget, 1, max, probe);
-        let plan = match cfg.max_tokens {
-            Some(_) => EmbedPlan::new(model, cfg)?,
-            None => match largest() {
-                Some(n) => {
-                    return EmbedPlan::new(
-                        model,
-                        &EmbedConfig {
-                            max_tokens: Some(n as usize),
-                            ..cfg.clone()
-                        },
-                    )
-                }
-                None => EmbedPlan::new(
+        // The search is over max_tokens, which the budget error calls the context.
+        crate::session::plan_within_budget(
+            cfg.max_tokens,
+            model.params.n_ctx_train as u64,
+            budget,
+            |n| {
+                EmbedPlan::new(
                     model,
                     &EmbedConfig {
-                        max_tokens: Some(1),
+                        max_tokens: Some(n),
                         ..cfg.clone()
                     },
-                )?,
+                )
             },
-        };
-        match budget.check(&plan.demand()) {
-            Ok(()) => Ok(plan),
-            // The search is over max_tokens, which the message calls the context.
-            Err(e) => Err(EngineError::Budget(Box::new(
-                e.with_largest_fitting_ctx(largest()),
-            ))),
-        }
+            EmbedPlan::demand,
+        )
     }
 }
 

@@ -271,57 +271,56 @@ impl SessionPlan {
         cfg: &SessionConfig,
         budget: &edge_targets::Budget,
     ) -> Result<SessionPlan> {
-        let max_ctx = model.params.n_ctx_train as u64;
-        let probe = |ctx: u64| -> edge_targets::Demand {
-            let c = SessionConfig {
-                ctx: Some(ctx as usize),
-                ..cfg.clone()
-            };
-            match SessionPlan::new(model, &c) {
-                Ok(plan) => plan.demand(),
-                // An impossible size never fits.
-                Err(_) => edge_targets::Demand {
-                    weights: u64::MAX,
-                    ..Default::default()
-                },
-            }
-        };
-        let largest = || edge_targets::largest_fitting(budget, 1, max_ctx, probe);
-        match cfg.ctx {
-            Some(_) => {
-                let plan = SessionPlan::new(model, cfg)?;
-                budget.check(&plan.demand()).map_err(|e| {
-                    EngineError::Budget(Box::new(e.with_largest_fitting_ctx(largest())))
-                })?;
-                Ok(plan)
-            }
-            None => match largest() {
-                Some(ctx) => SessionPlan::new(
+        plan_within_budget(
+            cfg.ctx,
+            model.params.n_ctx_train as u64,
+            budget,
+            |ctx| {
+                SessionPlan::new(
                     model,
                     &SessionConfig {
-                        ctx: Some(ctx as usize),
+                        ctx: Some(ctx),
                         ..cfg.clone()
                     },
-                ),
-                None => {
-                    let plan = SessionPlan::new(
-                        model,
-                        &SessionConfig {
-                            ctx: Some(1),
-                            ..cfg.clone()
-                        },
-                    )?;
-                    let err = budget
-                        .check(&plan.demand())
-                        .err()
-                        .map(|e| EngineError::Budget(Box::new(e.with_largest_fitting_ctx(None))));
-                    Err(err.unwrap_or_else(|| {
-                        EngineError::Plan("budget search found no context; this is a bug".into())
-                    }))
-                }
+                )
             },
-        }
+            SessionPlan::demand,
+        )
     }
+}
+
+/// A plan of the given size (a context, or the longest text an encoder takes), or without one
+/// the largest size up to `max` that fits `budget`; refused before anything is allocated,
+/// naming each component and the largest size that would fit (`with_largest_fitting_ctx`).
+pub(crate) fn plan_within_budget<P>(
+    given: Option<usize>,
+    max: u64,
+    budget: &edge_targets::Budget,
+    plan: impl Fn(usize) -> Result<P>,
+    demand: impl Fn(&P) -> edge_targets::Demand,
+) -> Result<P> {
+    let probe = |n: u64| match plan(n as usize) {
+        Ok(p) => demand(&p),
+        // An impossible size never fits.
+        Err(_) => edge_targets::Demand {
+            weights: u64::MAX,
+            ..Default::default()
+        },
+    };
+    let largest = || edge_targets::largest_fitting(budget, 1, max, probe);
+    let size = match given {
+        Some(n) => n,
+        None => match largest() {
+            Some(n) => return plan(n as usize),
+            // Nothing fits: plan the smallest, whose check below names the components.
+            None => 1,
+        },
+    };
+    let p = plan(size)?;
+    budget
+        .check(&demand(&p))
+        .map_err(|e| EngineError::Budget(Box::new(e.with_largest_fitting_ctx(largest()))))?;
+    Ok(p)
 }
 
 /// One conversation's state: KV cache, arena, threads; the model is shared.
