@@ -1051,7 +1051,7 @@ impl Kernels {
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
                 GgmlType::Q4_0 if repacked => {
                     // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
-                    let xbl = x.map(|x| blocks(x));
+                    let xbl = x.map(blocks);
                     let n8 = y[0].len() / 8 * 8;
                     for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
                         let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
