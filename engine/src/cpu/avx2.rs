@@ -61,9 +61,10 @@ fn prefetch_stream<T>(block: &T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
 }
 
-/// Horizontal sum of 8 f32 lanes.
+/// Horizontal sum of 8 f32 lanes, in ggml's `hsum_float_8` order (halves added lane-wise,
+/// then `(t0 + t2) + (t1 + t3)`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -81,7 +82,7 @@ unsafe fn f16x4(a: [u8; 4], b: [u8; 4]) -> __m128 {
 /// The 32 nibbles of a Q4 block as 32 unsigned bytes, in element order (low nibbles = 0..15,
 /// high nibbles = 16..31).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
     let q = _mm_loadu_si128(qs.as_ptr().cast());
     let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
@@ -90,7 +91,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 
 /// Loads 32 signed quants.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_q8(qs: &[i8; 32]) -> __m256i {
+pub(super) unsafe fn load_q8(qs: &[i8; 32]) -> __m256i {
     // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
     _mm256_loadu_si256(qs.as_ptr().cast())
 }

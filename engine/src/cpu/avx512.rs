@@ -18,6 +18,8 @@ use super::q4_0::BlockQ4_0;
 use super::q4_1::BlockQ4_1;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
+// AVX2 helpers: their features are a subset of this file's, so they inline here.
+use super::avx2::{hsum, load_q8, nibbles};
 
 /// Whether this CPU runs the kernels in this file.
 pub(super) fn detected() -> bool {
@@ -30,40 +32,13 @@ pub(super) fn detected() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// Horizontal sum of 8 f32 lanes in ggml's `hsum_float_8` order (as `avx2::hsum`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-/// The 32 nibbles of a Q4 block as 32 unsigned bytes, in element order (low nibbles = 0..15,
-/// high nibbles = 16..31).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn nibbles(qs: &[u8; 16]) -> __m256i {
-    // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
-    let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-}
-
-/// 32 signed quants.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn load_q8(qs: &[i8; 32]) -> __m256i {
-    // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
-    unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
-}
-
 /// Two tokens' 32 quants: `a` in the low half, `b` in the high half.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn load_q8_pair(a: &[i8; 32], b: &[i8; 32]) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(load_q8(a)), load_q8(b), 1)
+    // SAFETY: AVX2 is among this function's features; `load_q8` reads only its arrays.
+    let (a, b) = unsafe { (load_q8(a), load_q8(b)) };
+    _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
 }
 
 /// Four f16 pairs (each as 4 little-endian bytes) as 8 f32.
@@ -78,12 +53,9 @@ fn f16_pairs(p: [[u8; 4]; 4]) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn hsum_pair(v: __m512) -> (f32, f32) {
-    (
-        hsum(_mm512_castps512_ps256(v)),
-        hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-            _mm512_castps_pd(v),
-        ))),
-    )
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    // SAFETY: AVX2 is among this function's features.
+    unsafe { (hsum(_mm512_castps512_ps256(v)), hsum(hi)) }
 }
 
 /// Q4_1 . Q8_1 of one weight row with 4 tokens, two per 512-bit register.
@@ -99,7 +71,8 @@ pub(super) unsafe fn dot_q4_1_q8_1_x4(w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> 
     let idx01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     let idx23 = _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6);
     for (i, bw) in w.iter().enumerate() {
-        let q = nibbles(&bw.qs);
+        // SAFETY: AVX2 is among this function's features.
+        let q = unsafe { nibbles(&bw.qs) };
         let qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
         let dm = [bw.d[0], bw.d[1], bw.m[0], bw.m[1]];
         // SAFETY: i < w.len() <= x[t].len() (caller).
@@ -142,7 +115,8 @@ pub(super) unsafe fn dot_q4_0_q8_0_x4(w: &[BlockQ4_0], x: [&[BlockQ8_0]; 4]) -> 
     let idx01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let idx23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     for (i, bw) in w.iter().enumerate() {
-        let q = nibbles(&bw.qs);
+        // SAFETY: AVX2 is among this function's features.
+        let q = unsafe { nibbles(&bw.qs) };
         let qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
         // SAFETY: i < w.len() <= x[t].len() (caller).
         let bx = x.map(|r| unsafe { r.get_unchecked(i) });

@@ -145,7 +145,7 @@ pub(super) fn dot_iq4_xs_q8_k(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
 /// exact for every i8 value, -128 included), the float operations are the same.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
-    use super::super::avx2::Token;
+    use super::super::avx2::{hsum, Token};
     use super::*;
     use std::arch::x86_64::*;
 
@@ -183,15 +183,6 @@ pub(super) mod avx2 {
         assert!(std::mem::size_of_val(b) >= 32);
         // SAFETY: at least 32 readable bytes (asserted); `loadu` has no alignment requirement.
         unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
-    }
-
-    /// `hsum_float_8` of a register.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(acc: __m256) -> f32 {
-        let mut a = [0.0f32; 8];
-        // SAFETY: `a` is 8 f32; `storeu` has no alignment requirement.
-        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
-        hsum8(&a)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -168,7 +168,7 @@ pub(super) fn dot_q4_k_q8_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
 /// integer block dots, same float operations).
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
-    use super::super::avx2::Token;
+    use super::super::avx2::{load_q8, nibbles, Token};
     use super::*;
     use std::arch::x86_64::*;
 
@@ -179,23 +179,6 @@ pub(super) mod avx2 {
         let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
         _mm_cvtsi128_si32(s)
-    }
-
-    /// The 32 indices of a 4-bit block as bytes in element order (low nibbles = 0..15, high
-    /// nibbles = 16..31).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn nibbles(qs: &[u8; QK / 2]) -> __m256i {
-        // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
-        let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-        let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-    }
-
-    /// 32 activation quants.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_q8(qs: &[i8; QK]) -> __m256i {
-        // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
-        unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
     }
 
     /// `sum (q - 8) * y` of one Q4_0 block: `maddubs(q, y) - maddubs(8, y)` (unsigned left
