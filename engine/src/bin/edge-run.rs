@@ -1076,32 +1076,25 @@ fn plan(a: PlanArgs) -> CliResult {
     });
     let r = plan.report;
     if a.json {
-        let v = serde_json::json!({
-            "max_ctx": max_ctx,
-            "budget_bytes": budget.as_ref().map(|b| b.limit_bytes),
-            "budget_counts_weights": budget.as_ref().map(|b| b.count_weights),
-            "weights_bytes": r.weights_bytes,
-            "kv_bytes": r.kv_bytes,
-            "arena_bytes": r.arena_bytes,
-            "arena_lower_bound_bytes": r.arena_lower_bound_bytes,
-            "scratch_bytes": r.scratch_bytes,
-            "runtime_bytes": r.runtime_bytes,
-            "owned_bytes": r.owned_bytes(),
-            "total_bytes": r.total_bytes(),
-            "ctx": plan.ctx,
-            "ubatch": plan.ubatch,
-            "threads": plan.threads,
-            "kv_type": plan.kv_type.name(),
-            "flash_attn": plan.flash_attn,
-            "device": plan.device.name(),
-            "cuda": plan.cuda.map(|c| serde_json::json!({
-                "arena_bytes": c.arena_bytes,
-                "kv_bytes": c.kv_bytes,
-                "weights_upload_bytes": c.weights_upload_bytes,
-                "scratch_bytes": c.scratch_bytes,
-                "device_total_bytes": c.device_total_bytes(),
-            })),
-        });
+        let mut v = memory_json(&r, max_ctx, budget.as_ref());
+        extend_json(
+            &mut v,
+            serde_json::json!({
+                "ctx": plan.ctx,
+                "ubatch": plan.ubatch,
+                "threads": plan.threads,
+                "kv_type": plan.kv_type.name(),
+                "flash_attn": plan.flash_attn,
+                "device": plan.device.name(),
+                "cuda": plan.cuda.map(|c| serde_json::json!({
+                    "arena_bytes": c.arena_bytes,
+                    "kv_bytes": c.kv_bytes,
+                    "weights_upload_bytes": c.weights_upload_bytes,
+                    "scratch_bytes": c.scratch_bytes,
+                    "device_total_bytes": c.device_total_bytes(),
+                })),
+            }),
+        );
         return write_lines(&[v.to_string()]);
     }
     let p = &model.params;
@@ -1122,9 +1115,7 @@ fn plan(a: PlanArgs) -> CliResult {
         plan.threads
     )];
     lines.push(String::new());
-    let row = |name: &str, bytes: u64, note: String| {
-        format!("  {name:<28} {:>12} {bytes:>14} B  {note}", mib(bytes))
-    };
+    let row = memory_row;
     let weights_note = if in_file == r.weights_bytes {
         "mapped from the file, not copied".to_string()
     } else {
@@ -1271,6 +1262,40 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
     }
     let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
     (mean, var.sqrt())
+}
+
+/// The fields `plan --json` prints for every kind of model: the budget, the largest context
+/// that fits it, and the memory report.
+fn memory_json(
+    r: &edge_engine::session::MemoryReport,
+    max_ctx: Option<usize>,
+    budget: Option<&edge_targets::Budget>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "max_ctx": max_ctx,
+        "budget_bytes": budget.map(|b| b.limit_bytes),
+        "budget_counts_weights": budget.map(|b| b.count_weights),
+        "weights_bytes": r.weights_bytes,
+        "kv_bytes": r.kv_bytes,
+        "arena_bytes": r.arena_bytes,
+        "arena_lower_bound_bytes": r.arena_lower_bound_bytes,
+        "scratch_bytes": r.scratch_bytes,
+        "runtime_bytes": r.runtime_bytes,
+        "owned_bytes": r.owned_bytes(),
+        "total_bytes": r.total_bytes(),
+    })
+}
+
+/// Adds the fields of the object `more` to the object `v`.
+fn extend_json(v: &mut serde_json::Value, more: serde_json::Value) {
+    if let (Some(v), serde_json::Value::Object(more)) = (v.as_object_mut(), more) {
+        v.extend(more);
+    }
+}
+
+/// One line of `plan`'s memory table: name, MiB, bytes, and what it is.
+fn memory_row(name: &str, bytes: u64, note: String) -> String {
+    format!("  {name:<28} {:>12} {bytes:>14} B  {note}", mib(bytes))
 }
 
 fn bench(a: BenchArgs) -> CliResult {
@@ -1541,31 +1566,22 @@ fn plan_encoder(a: &PlanArgs, model: &Model) -> CliResult {
     });
     let r = plan.report;
     if a.json {
-        let v = serde_json::json!({
-            "max_ctx": max_ctx,
-            "budget_bytes": budget.as_ref().map(|b| b.limit_bytes),
-            "budget_counts_weights": budget.as_ref().map(|b| b.count_weights),
-            "weights_bytes": r.weights_bytes,
-            "kv_bytes": r.kv_bytes,
-            "arena_bytes": r.arena_bytes,
-            "arena_lower_bound_bytes": r.arena_lower_bound_bytes,
-            "scratch_bytes": r.scratch_bytes,
-            "runtime_bytes": r.runtime_bytes,
-            "owned_bytes": r.owned_bytes(),
-            "total_bytes": r.total_bytes(),
-            "ctx": plan.max_tokens,
-            "ubatch": plan.max_tokens,
-            "threads": plan.threads,
-            "device": "cpu",
-            "encoder": true,
-            "pooling": plan.pooling.name(),
-        });
+        let mut v = memory_json(&r, max_ctx, budget.as_ref());
+        extend_json(
+            &mut v,
+            serde_json::json!({
+                "ctx": plan.max_tokens,
+                "ubatch": plan.max_tokens,
+                "threads": plan.threads,
+                "device": "cpu",
+                "encoder": true,
+                "pooling": plan.pooling.name(),
+            }),
+        );
         return write_lines(&[v.to_string()]);
     }
     let p = &model.params;
-    let row = |name: &str, bytes: u64, note: String| {
-        format!("  {name:<28} {:>12} {bytes:>14} B  {note}", mib(bytes))
-    };
+    let row = memory_row;
     let ratio = r.arena_bytes as f64 / (r.arena_lower_bound_bytes.max(1)) as f64;
     let mut lines = vec![
         format!(
