@@ -148,6 +148,22 @@ fn row_bytes_checked(op: &'static str, ty: GgmlType, n: usize) -> Result<usize, 
     Ok(n / block * ty.block_bytes())
 }
 
+/// For a matrix `w` of `w_ty` rows of `n` elements: the bytes of one weight row and of one
+/// activation row (`vec_dot_type`), and the rows `rows` of `w`. Panics naming the problem if
+/// there is no such row or `w` is too short (the executor sizes both from the validated model,
+/// so these are bugs).
+fn matrix_rows<'w>(
+    w_ty: GgmlType,
+    n: usize,
+    w: &'w [u8],
+    rows: &Range<usize>,
+) -> (usize, usize, &'w [u8]) {
+    let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
+    let xb = row_bytes_checked("matvec", vec_dot_type(w_ty), n).unwrap_or_else(|e| panic!("{e}"));
+    assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
+    (rb, xb, &w[rows.start * rb..rows.end * rb])
+}
+
 fn check_len(op: &'static str, ty: GgmlType, n: usize, have: usize) -> Result<usize, KernelError> {
     let need = row_bytes_checked(op, ty, n)?;
     if have < need {
@@ -697,16 +713,13 @@ impl Kernels {
         rows: Range<usize>,
         y: &mut [f32],
     ) {
-        let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
-        let xb =
-            row_bytes_checked("matvec", vec_dot_type(w_ty), n).unwrap_or_else(|e| panic!("{e}"));
+        let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
         assert_eq!(y.len(), rows.len(), "matvec: y must have one slot per row");
-        assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
         assert!(x_q.len() >= xb, "matvec: activation too short");
         // llama.cpp repacks some types into 8-row groups, by the whole matrix's row count.
         #[cfg(target_arch = "x86_64")]
         let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
-        let w = &w[rows.start * rb..rows.end * rb];
+        let w = w_rows;
         let x = &x_q[..xb];
         if rb == 0 {
             y.fill(0.0);
@@ -1010,7 +1023,7 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa {
-            let rb = row_bytes_checked("matvec", w_ty, n).unwrap_or_else(|e| panic!("{e}"));
+            let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
             if !(matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0)
@@ -1018,9 +1031,6 @@ impl Kernels {
             {
                 return false;
             }
-            let xb = row_bytes_checked("matvec", vec_dot_type(w_ty), n)
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(w.len() >= rows.end * rb, "matvec: weight matrix too short");
             assert!(
                 x_q.iter().all(|x| x.len() >= xb),
                 "matvec: activation too short"
@@ -1029,7 +1039,7 @@ impl Kernels {
                 y.iter().all(|y| y.len() == rows.len()),
                 "matvec: y must have one slot per row"
             );
-            let w = &w[rows.start * rb..rows.end * rb];
+            let w = w_rows;
             let x = x_q.map(|x| &x[..xb]);
             let mut y = y;
             if rb == 0 {
