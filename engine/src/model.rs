@@ -255,6 +255,18 @@ fn anon_resident_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The process's anonymous resident memory at one moment, taken before a model's file is opened
+/// so that [`Model::from_gguf_since`] can count what loading it left resident.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadMark(Option<u64>);
+
+impl LoadMark {
+    /// The memory now (unknown off Linux: the load then estimates from the vocabulary size).
+    pub fn now() -> LoadMark {
+        LoadMark(anon_resident_bytes())
+    }
+}
+
 /// Heap per vocabulary entry when it cannot be measured: SmolLM2's 49,152-token BPE
 /// tokenizer measured 8.8 MiB on Linux, about 190 bytes a token.
 const RUNTIME_BYTES_PER_TOKEN: u64 = 190;
@@ -280,19 +292,21 @@ impl Model {
     /// Opens and validates a GGUF model: metadata, every tensor the architecture needs (names,
     /// shapes, types), and the tokenizer. Weights stay in the file mapping.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
-        let before = anon_resident_bytes();
+        let mark = LoadMark::now();
         let gguf = Gguf::open(path.as_ref())?;
-        let mut model = Model::from_gguf(gguf)?;
-        // Parsing the metadata counts too: the allocator keeps the freed pages of the parse
-        // for later allocations, but they stay resident.
-        if let (Some(a), Some(b)) = (before, anon_resident_bytes()) {
-            model.runtime_bytes = b.saturating_sub(a);
-        }
-        Ok(model)
+        Model::from_gguf_since(gguf, mark)
     }
 
-    /// Builds a model from an opened GGUF.
-    pub fn from_gguf(mut gguf: Gguf) -> Result<Model> {
+    /// Builds a model from an opened GGUF. [`Model::runtime_bytes`] then counts only what this
+    /// call allocates; [`Model::from_gguf_since`] also counts the metadata parse.
+    pub fn from_gguf(gguf: Gguf) -> Result<Model> {
+        Model::from_gguf_since(gguf, LoadMark::now())
+    }
+
+    /// [`Model::from_gguf`] for a GGUF opened after `mark` was taken: the heap the parse of its
+    /// metadata left resident counts in [`Model::runtime_bytes`] too (the allocator keeps the
+    /// freed pages of the parse for later allocations, but they stay resident).
+    pub fn from_gguf_since(mut gguf: Gguf, mark: LoadMark) -> Result<Model> {
         let arch = gguf
             .get_str("general.architecture")
             .ok_or_else(|| EngineError::Metadata {
@@ -307,7 +321,7 @@ impl Model {
             });
         }
         let params = read_hyper_params(&gguf, &arch)?;
-        let before = anon_resident_bytes();
+        let before = mark.0;
         let mut weights = Vec::new();
         let layout = match arch.as_str() {
             "bert" => Layout::Encoder(arch::bert::bind_weights(&gguf, &params, &mut weights)?),

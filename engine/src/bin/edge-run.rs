@@ -736,6 +736,7 @@ fn refuse_encoder(path: &Path, model: &Model) -> CliResult {
 }
 
 fn load_model(path: &Path) -> CliResult<Model> {
+    let mark = edge_engine::model::LoadMark::now();
     let gguf = open_gguf(path)?;
     if gguf.tensors().is_empty() {
         return Err(format!(
@@ -745,7 +746,7 @@ fn load_model(path: &Path) -> CliResult<Model> {
         )
         .into());
     }
-    Model::from_gguf(gguf).map_err(|e| engine_error(path, e).into())
+    Model::from_gguf_since(gguf, mark).map_err(|e| engine_error(path, e).into())
 }
 
 /// Exit status after Ctrl-C stopped a generation (128 + SIGINT, as shells report it).
