@@ -43,10 +43,14 @@ impl BlockQ8_K {
     }
 }
 
-/// ggml's `nearest_int`: round half to even (exact for |x| < 2^22, which holds here: |x| <= 127).
+/// ggml's `nearest_int`: round half to even, exact for |x| < 2^22 (here |x| <= 127), by adding
+/// 1.5 * 2^23 so that the float's low mantissa bits are the rounded integer. Plain integer and
+/// float operations, which the compiler vectorizes (`round_ties_even` calls libm's `rintf` on
+/// baseline x86-64). Also for the infinities of a subnormal block maximum it gives ggml's value.
 #[inline(always)]
 pub(super) fn nearest_int(x: f32) -> i32 {
-    x.round_ties_even() as i32
+    let v = x + 12_582_912.0;
+    (v.to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000
 }
 
 /// Quantizes `src` (whole blocks) into `dst`, exactly as `quantize_row_q8_K_ref`.
