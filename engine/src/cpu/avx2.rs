@@ -52,7 +52,7 @@ const PREFETCH_DISTANCE: usize = 2048;
 
 /// Hints the CPU to fetch the cache line `PREFETCH_DISTANCE` bytes after `block`.
 #[inline(always)]
-fn prefetch_stream<T>(block: &T) {
+pub(super) fn prefetch_stream<T>(block: &T) {
     let ahead = (block as *const T)
         .cast::<i8>()
         .wrapping_add(PREFETCH_DISTANCE);
@@ -390,8 +390,12 @@ pub(super) fn dot_q4_0_q8_0(_: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
     unsafe { dot_q4_0_q8_0_impl(w, x) }
 }
 
-pub(super) fn dot_q8_0_q8_0(_: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
-    debug_assert_eq!(w.len(), x.len());
+pub(super) fn dot_q8_0_q8_0(t: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    assert!(x.len() >= w.len(), "activation row too short");
+    if t.avx512 {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q8_0_q8_0(w, x) };
+    }
     // SAFETY: see above.
     unsafe { dot_q8_0_q8_0_impl(w, x) }
 }

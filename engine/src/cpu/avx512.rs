@@ -19,7 +19,7 @@ use super::q4_1::BlockQ4_1;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
 // AVX2 helpers: their features are a subset of this file's, so they inline here.
-use super::avx2::{hsum, load_q8, nibbles};
+use super::avx2::{hsum, load_q8, nibbles, prefetch_stream};
 
 /// Whether this CPU runs the kernels in this file.
 pub(super) fn detected() -> bool {
@@ -56,6 +56,42 @@ fn hsum_pair(v: __m512) -> (f32, f32) {
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     // SAFETY: AVX2 is among this function's features.
     unsafe { (hsum(_mm512_castps512_ps256(v)), hsum(hi)) }
+}
+
+/// Q8_0 . Q8_0 of one row (decode): ggml's lanes (lane k: the exact sum of elements 4k..4k+3),
+/// which `vpdpbusd` forms directly, without the AVX2 kernel's widening, `hadd` and permute.
+/// `vpdpbusd` takes an unsigned left operand, so the weights are biased by 128 (`xor 0x80`) and
+/// `128 * sum(y)` of the same four elements is subtracted: exact for every i8 pair (each i32 lane
+/// is at most 4 * 255 * 128 in magnitude).
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; `x.len() >= w.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q8_0_q8_0(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    let zero = _mm256_setzero_si256();
+    let bias = _mm256_set1_epi8(i8::MIN);
+    let mut acc = _mm256_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        prefetch_stream(bw);
+        let d = _mm_cvtph_ps(_mm_setr_epi16(
+            i16::from_le_bytes(bw.d),
+            i16::from_le_bytes(bx.d),
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ));
+        let d = _mm_mul_ss(d, _mm_movehdup_ps(d));
+        // SAFETY: AVX2 is among this function's features.
+        let (a, y) = unsafe { (load_q8(&bw.qs), load_q8(&bx.qs)) };
+        let biased = _mm256_dpbusd_epi32(zero, _mm256_xor_si256(a, bias), y);
+        let prod = _mm256_sub_epi32(biased, _mm256_dpbusd_epi32(zero, bias, y));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc);
+    }
+    // SAFETY: AVX2 is among this function's features.
+    unsafe { hsum(acc) }
 }
 
 /// Q4_1 . Q8_1 of one weight row with 4 tokens, two per 512-bit register.
