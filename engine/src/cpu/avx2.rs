@@ -378,8 +378,12 @@ unsafe fn quantize_row_q8_1_impl(src: &[f32], dst: &mut [BlockQ8_1], r: Q8Roundi
 // Safe wrappers. SAFETY (all of them): a `Token` exists only after `Token::detect` confirmed AVX2,
 // FMA and F16C on this CPU, so the target features the kernels are compiled for are present.
 
-pub(super) fn dot_q4_1_q8_1(_: Token, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
-    debug_assert_eq!(w.len(), x.len());
+pub(super) fn dot_q4_1_q8_1(t: Token, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+    assert!(x.len() >= w.len(), "activation row too short");
+    if t.avx512 {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q4_1_q8_1(w, x) };
+    }
     // SAFETY: see above.
     unsafe { dot_q4_1_q8_1_impl(w, x) }
 }
