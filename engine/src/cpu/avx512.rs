@@ -128,6 +128,103 @@ pub(super) unsafe fn dot_q4_1_q8_1(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
     unsafe { hsum(acc) + m }
 }
 
+/// [`dot_q4_1_q8_1`] of two rows with one activation (decode): each row's lanes see exactly the
+/// one-row sequence, but the two accumulation chains are independent, so the `fma` latency of
+/// one overlaps the other's work (one row alone waits on it every block), and the activation
+/// blocks are loaded once.
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; `w[0].len() == w[1].len() <= x.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q4_1_q8_1_rows2(w: [&[BlockQ4_1]; 2], x: &[BlockQ8_1]) -> [f32; 2] {
+    let zero = _mm256_setzero_si256();
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut acc_m = _mm256_setzero_ps();
+    for (i, bx) in x.iter().enumerate().take(w[0].len()) {
+        // SAFETY: i < w[0].len() == w[1].len() (caller).
+        let bw = w.map(|r| unsafe { r.get_unchecked(i) });
+        prefetch_stream(bw[0]);
+        prefetch_stream(bw[1]);
+        let (dx, sx) = (i16::from_le_bytes(bx.d), i16::from_le_bytes(bx.s));
+        let h = _mm256_cvtph_ps(_mm_setr_epi16(
+            i16::from_le_bytes(bw[0].d),
+            i16::from_le_bytes(bw[0].m),
+            dx,
+            sx,
+            i16::from_le_bytes(bw[1].d),
+            i16::from_le_bytes(bw[1].m),
+            dx,
+            sx,
+        ));
+        // [d_w0*d_x, m_w0*s_x, .. | d_w1*d_x, m_w1*s_x, ..]: the one-row products.
+        let p = _mm256_mul_ps(h, _mm256_permute_ps::<0b11_10_11_10>(h));
+        acc_m = _mm256_add_ps(acc_m, p);
+        // SAFETY: AVX2 is among this function's features.
+        let y = unsafe { load_q8(&bx.qs) };
+        // SAFETY: as above.
+        let (q0, q1) = unsafe { (nibbles(&bw[0].qs), nibbles(&bw[1].qs)) };
+        let prod0 = _mm256_dpbusd_epi32(zero, q0, y);
+        let prod1 = _mm256_dpbusd_epi32(zero, q1, y);
+        let d0 = _mm256_broadcastss_ps(_mm256_castps256_ps128(p));
+        let d1 = _mm256_broadcastss_ps(_mm256_extractf128_ps::<1>(p));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(prod0), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(prod1), acc1);
+    }
+    let mut m = [0.0f32; 8];
+    // SAFETY: `m` has 8 f32; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_ps(m.as_mut_ptr(), acc_m) };
+    // SAFETY: AVX2 is among this function's features.
+    unsafe { [hsum(acc0) + m[1], hsum(acc1) + m[5]] }
+}
+
+/// [`dot_q8_0_q8_0`] of two rows with one activation (decode), for the reasons of
+/// [`dot_q4_1_q8_1_rows2`].
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; `w[0].len() == w[1].len() <= x.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q8_0_q8_0_rows2(w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0]) -> [f32; 2] {
+    let zero = _mm256_setzero_si256();
+    let bias = _mm256_set1_epi8(i8::MIN);
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (i, bx) in x.iter().enumerate().take(w[0].len()) {
+        // SAFETY: i < w[0].len() == w[1].len() (caller).
+        let bw = w.map(|r| unsafe { r.get_unchecked(i) });
+        prefetch_stream(bw[0]);
+        prefetch_stream(bw[1]);
+        let dx = i16::from_le_bytes(bx.d);
+        let h = _mm_cvtph_ps(_mm_setr_epi16(
+            i16::from_le_bytes(bw[0].d),
+            dx,
+            i16::from_le_bytes(bw[1].d),
+            dx,
+            0,
+            0,
+            0,
+            0,
+        ));
+        // [d_w0*d_x, _, d_w1*d_x, _]: the one-row products.
+        let d = _mm_mul_ps(h, _mm_movehdup_ps(h));
+        // SAFETY: AVX2 is among this function's features.
+        let (a0, a1, y) = unsafe { (load_q8(&bw[0].qs), load_q8(&bw[1].qs), load_q8(&bx.qs)) };
+        let ybias = _mm256_dpbusd_epi32(zero, bias, y);
+        let prod0 = _mm256_sub_epi32(
+            _mm256_dpbusd_epi32(zero, _mm256_xor_si256(a0, bias), y),
+            ybias,
+        );
+        let prod1 = _mm256_sub_epi32(
+            _mm256_dpbusd_epi32(zero, _mm256_xor_si256(a1, bias), y),
+            ybias,
+        );
+        let d0 = _mm256_broadcastss_ps(d);
+        let d1 = _mm256_broadcastss_ps(_mm_movehl_ps(d, d));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(prod0), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(prod1), acc1);
+    }
+    // SAFETY: AVX2 is among this function's features.
+    unsafe { [hsum(acc0), hsum(acc1)] }
+}
+
 /// Q4_1 . Q8_1 of one weight row with 4 tokens, two per 512-bit register.
 ///
 /// # Safety

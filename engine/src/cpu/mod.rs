@@ -765,6 +765,28 @@ impl Kernels {
                 }
             }};
         }
+        // Two rows per call where the set has a two-row kernel (it streams its own weights).
+        #[cfg(target_arch = "x86_64")]
+        macro_rules! rows2_with {
+            ($t:expr, $dot2:path, $dot:path) => {{
+                let xb = blocks(x);
+                let (y2, y1) = y.split_at_mut(y.len() / 2 * 2);
+                let (w2, w1) = w.split_at(y2.len() * rb);
+                for (ys, ws) in y2.chunks_exact_mut(2).zip(w2.chunks_exact(2 * rb)) {
+                    let pair = [blocks(&ws[..rb]), blocks(&ws[rb..])];
+                    match $dot2($t, pair, xb) {
+                        Some(r) => ys.copy_from_slice(&r),
+                        None => {
+                            ys[0] = $dot($t, pair[0], xb);
+                            ys[1] = $dot($t, pair[1], xb);
+                        }
+                    }
+                }
+                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+                    *yi = $dot($t, blocks(wr), xb);
+                }
+            }};
+        }
         match (self.isa, w_ty) {
             // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
             #[cfg(target_arch = "x86_64")]
@@ -827,6 +849,14 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Scalar, GgmlType::IQ4_XS) => {
                 rows_with!(|wr| kquant_order::dot_iq4_xs_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_1) if t.avx512() => {
+                rows2_with!(t, avx2::dot_q4_1_q8_1_rows2, avx2::dot_q4_1_q8_1)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) if t.avx512() => {
+                rows2_with!(t, avx2::dot_q8_0_q8_0_rows2, avx2::dot_q8_0_q8_0)
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) => {

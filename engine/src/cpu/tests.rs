@@ -200,47 +200,49 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
                         b
                     })
                     .collect();
-                let range = 1..rows;
-                let mut got = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
-                let [a, b, c, d] = &mut got[..] else {
-                    unreachable!()
-                };
-                let done = k.matvec_tokens(
-                    ty,
-                    n,
-                    &w,
-                    std::array::from_fn(|t| &xs[t][..]),
-                    range.clone(),
-                    [a, b, c, d],
-                );
-                if !done {
-                    assert!(
-                        got.iter().flatten().all(|v| v.is_nan()),
-                        "declined but wrote"
+                // An even and an odd number of rows (kernels take rows in pairs or eights).
+                for range in [1..rows, 0..rows] {
+                    let mut got = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
+                    let [a, b, c, d] = &mut got[..] else {
+                        unreachable!()
+                    };
+                    let done = k.matvec_tokens(
+                        ty,
+                        n,
+                        &w,
+                        std::array::from_fn(|t| &xs[t][..]),
+                        range.clone(),
+                        [a, b, c, d],
                     );
-                    continue;
-                }
-                for (t, x) in xs.iter().enumerate() {
-                    let mut want = vec![0.0f32; range.len()];
-                    k.matvec(ty, n, &w, x, range.clone(), &mut want);
-                    // matvec (several rows at once where a kernel exists) = one vec_dot per row.
-                    let rb = bytes_of(ty, n);
-                    for (i, r) in range.clone().enumerate() {
-                        let one = k.vec_dot(ty, n, &w[r * rb..(r + 1) * rb], x);
+                    if !done {
+                        assert!(
+                            got.iter().flatten().all(|v| v.is_nan()),
+                            "declined but wrote"
+                        );
+                        continue;
+                    }
+                    for (t, x) in xs.iter().enumerate() {
+                        let mut want = vec![0.0f32; range.len()];
+                        k.matvec(ty, n, &w, x, range.clone(), &mut want);
+                        // matvec (several rows at once where a kernel exists) = one vec_dot per row.
+                        let rb = bytes_of(ty, n);
+                        for (i, r) in range.clone().enumerate() {
+                            let one = k.vec_dot(ty, n, &w[r * rb..(r + 1) * rb], x);
+                            assert_eq!(
+                                one.to_bits(),
+                                want[i].to_bits(),
+                                "{} {ty} row {r}",
+                                k.isa_name()
+                            );
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                         assert_eq!(
-                            one.to_bits(),
-                            want[i].to_bits(),
-                            "{} {ty} row {r}",
+                            bits(&got[t]),
+                            bits(&want),
+                            "{} {ty} n={n} token {t}",
                             k.isa_name()
                         );
                     }
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&got[t]),
-                        bits(&want),
-                        "{} {ty} n={n} token {t}",
-                        k.isa_name()
-                    );
                 }
             }
         }
