@@ -113,6 +113,79 @@ pub fn axpy_f16(acc: &mut [f32], v: &[f16], p: f32) {
     axpy_f16_portable(acc, v, p)
 }
 
+/// Attention's scores over consecutive cache rows: `out[i]` is the dot of `q` with
+/// `rows[i * stride + off..][..q.len()]`, in tinyBLAS's order (`batch`, [`dot_f16_tinyblas`])
+/// or ggml's one-token order ([`dot_f16_ggml`]). One call per run of rows, so that the
+/// instruction-set check and the call are paid once, not per row.
+///
+/// # Panics
+/// If `rows` is too short for `out.len()` rows.
+#[inline]
+pub fn dot_f16_rows(
+    rows: &[f16],
+    stride: usize,
+    off: usize,
+    q: &[f32],
+    out: &mut [f32],
+    batch: bool,
+) {
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(
+            rows.len() >= last * stride + off + q.len(),
+            "rows too short"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::dot_f16_rows(rows, stride, off, q, out, batch) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        let a = &rows[i * stride + off..][..q.len()];
+        *o = if batch {
+            dot_f16_tinyblas_portable(a, q)
+        } else {
+            dot_f16_ggml_portable(a, q)
+        };
+    }
+}
+
+/// Attention's `V·p` over consecutive cache rows: term `first_term + i` adds
+/// `rows[i * stride + off..][..n] * probs[i]` ([`axpy_f16`]) to accumulator slot
+/// `(first_term + i) % slots` of `accs`, which holds `slots` rows of `n` values, slot-major.
+///
+/// # Panics
+/// If `rows` is too short for `probs.len()` rows or `accs` is not whole slots.
+#[inline]
+pub fn axpy_f16_rows(
+    accs: &mut [f32],
+    slots: usize,
+    first_term: usize,
+    rows: &[f16],
+    stride: usize,
+    off: usize,
+    probs: &[f32],
+) {
+    let n = accs.len() / slots.max(1);
+    assert_eq!(accs.len(), n * slots, "accumulators not whole slots");
+    if let Some(last) = probs.len().checked_sub(1) {
+        assert!(rows.len() >= last * stride + off + n, "rows too short");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::axpy_f16_rows(accs, slots, first_term, rows, stride, off, probs) };
+    }
+    for (i, p) in probs.iter().enumerate() {
+        let slot = (first_term + i) % slots;
+        axpy_f16_portable(
+            &mut accs[slot * n..(slot + 1) * n],
+            &rows[i * stride + off..][..n],
+            *p,
+        );
+    }
+}
+
 /// [`axpy_f16`] in portable code (the reference of the SIMD version).
 #[inline(always)]
 fn axpy_f16_portable(acc: &mut [f32], v: &[f16], p: f32) {
@@ -170,6 +243,61 @@ pub fn accumulated_sum(acc: &[f32]) -> f32 {
         lanes.copy_from_slice(&acc[..LANES]);
     }
     reduce16(&lanes)
+}
+
+/// [`accumulated_sum`] of every column of `accs`, which holds 16 or 64 slots of `out.len()`
+/// values each, stored slot-major (`accs[slot * out.len() + d]`): `out[d]` is the sum of column
+/// `d`. The same operations per column, done 8 columns at a time so that they vectorize.
+#[inline(always)]
+pub fn accumulated_sums(accs: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let width = if n == 0 { 0 } else { accs.len() / n };
+    debug_assert!(n == 0 || width == LANES || width == STEP_LANES);
+    let at = |slot: usize, d: usize| accs[slot * n + d];
+    for c0 in (0..n).step_by(8) {
+        let m = (n - c0).min(8);
+        let mut lanes = [[0.0f32; 8]; LANES];
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            for (j, x) in lane[..m].iter_mut().enumerate() {
+                let d = c0 + j;
+                *x = if width == STEP_LANES {
+                    (at(l, d) + at(2 * LANES + l, d)) + (at(LANES + l, d) + at(3 * LANES + l, d))
+                } else {
+                    at(l, d)
+                };
+            }
+        }
+        // reduce16, column by column.
+        let mut t3 = [[0.0f32; 8]; 8];
+        for i in 0..8 {
+            for j in 0..8 {
+                t3[i][j] = lanes[i + 8][j] + lanes[i][j];
+            }
+        }
+        let mut t6 = [[0.0f32; 8]; 4];
+        for i in 0..4 {
+            for j in 0..8 {
+                t6[i][j] = t3[i + 4][j] + t3[i][j];
+            }
+        }
+        for (j, o) in out[c0..c0 + m].iter_mut().enumerate() {
+            *o = (t6[0][j] + t6[2][j]) + (t6[1][j] + t6[3][j]);
+        }
+    }
+}
+
+/// `xs[i] = f16(xs[i] * scale)` widened back to f32 (round to nearest even): softmax's
+/// probabilities as the f16 operand of `V·p`, 8 at a time with F16C where the CPU has it.
+#[inline]
+pub fn scale_round_f16(xs: &mut [f32], scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::scale_round_f16(xs, scale) };
+    }
+    for x in xs {
+        *x = f16::from_f32(*x * scale).to_f32();
+    }
 }
 
 /// `ggml_v_expf`: e^x with llama.cpp's polynomial (max error about 1.5 ulp), operation for
@@ -280,6 +408,7 @@ mod simd {
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -368,10 +497,92 @@ mod simd {
         }
     }
 
+    /// [`super::dot_f16_rows`] (lengths checked by it).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_rows(
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        q: &[f32],
+        out: &mut [f32],
+        batch: bool,
+    ) {
+        for (i, o) in out.iter_mut().enumerate() {
+            let a = &rows[i * stride + off..][..q.len()];
+            // SAFETY: this function's features are theirs.
+            *o = unsafe {
+                if batch {
+                    dot_f16_tinyblas(a, q)
+                } else {
+                    dot_f16_ggml(a, q)
+                }
+            };
+        }
+    }
+
+    /// [`super::axpy_f16_rows`] (lengths checked by it).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_f16_rows(
+        accs: &mut [f32],
+        slots: usize,
+        first_term: usize,
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        probs: &[f32],
+    ) {
+        let n = accs.len() / slots;
+        let mut slot = first_term % slots;
+        for (i, p) in probs.iter().enumerate() {
+            // SAFETY: this function's features are axpy_f16's.
+            unsafe {
+                axpy_f16(
+                    &mut accs[slot * n..(slot + 1) * n],
+                    &rows[i * stride + off..][..n],
+                    *p,
+                )
+            };
+            slot += 1;
+            if slot == slots {
+                slot = 0;
+            }
+        }
+    }
+
+    /// [`super::scale_round_f16`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scale_round_f16(xs: &mut [f32], scale: f32) {
+        let full = xs.len() - xs.len() % 8;
+        let s = _mm256_set1_ps(scale);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= xs.len(); loadu/storeu need no alignment.
+            unsafe {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(xs.as_ptr().add(i)), s);
+                let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+                _mm256_storeu_ps(xs.as_mut_ptr().add(i), r);
+            }
+            i += 8;
+        }
+        for x in &mut xs[full..] {
+            *x = f16::from_f32(*x * scale).to_f32();
+        }
+    }
+
     /// [`super::axpy_f16`].
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn axpy_f16(acc: &mut [f32], v: &[f16], p: f32) {
         let n = acc.len().min(v.len());
@@ -395,6 +606,7 @@ mod simd {
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
         const STEP: usize = 4 * LANES;
@@ -552,9 +764,96 @@ mod tests {
             axpy_f16_portable(&mut acc_portable, &a, p);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&acc_simd), bits(&acc_portable), "axpy n={n}");
+            // Probabilities rounded to f16: tiny (subnormal f16), ties and large values too.
+            let mut xs: Vec<f32> = b.iter().map(|v| v * 1e-3).collect();
+            xs.extend([6.1e-5, 1e-7, 0.0, 1.0 + 1.0 / 2048.0, 65504.0, 7e4]);
+            let mut portable = xs.clone();
+            for x in &mut portable {
+                *x = half::f16::from_f32(*x * 0.75).to_f32();
+            }
+            scale_round_f16(&mut xs, 0.75);
+            assert_eq!(bits(&xs), bits(&portable), "scale_round_f16 n={n}");
         }
     }
     use super::*;
+
+    /// The run kernels equal one call per row (scores) and one `axpy_f16` per term in its slot.
+    #[test]
+    fn row_runs_equal_one_call_per_row() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let (stride, off, n) = (96usize, 32usize, 64usize);
+        let n_rows = 37;
+        let rows: Vec<f16> = (0..stride * n_rows)
+            .map(|_| f16::from_f32(next()))
+            .collect();
+        let q: Vec<f32> = (0..n).map(|_| next()).collect();
+        for batch in [false, true] {
+            let mut out = vec![0.0f32; n_rows];
+            dot_f16_rows(&rows, stride, off, &q, &mut out, batch);
+            for (i, o) in out.iter().enumerate() {
+                let a = &rows[i * stride + off..][..n];
+                let want = if batch {
+                    dot_f16_tinyblas(a, &q)
+                } else {
+                    dot_f16_ggml(a, &q)
+                };
+                assert_eq!(o.to_bits(), want.to_bits(), "row {i} batch {batch}");
+            }
+        }
+        let probs: Vec<f32> = (0..n_rows).map(|_| next()).collect();
+        for slots in [LANES, STEP_LANES] {
+            let first_term = 5;
+            let mut accs = vec![0.0f32; slots * n];
+            axpy_f16_rows(&mut accs, slots, first_term, &rows, stride, off, &probs);
+            let mut want = vec![0.0f32; slots * n];
+            for (i, p) in probs.iter().enumerate() {
+                let s = (first_term + i) % slots;
+                axpy_f16(
+                    &mut want[s * n..(s + 1) * n],
+                    &rows[i * stride + off..][..n],
+                    *p,
+                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&accs), bits(&want), "slots {slots}");
+        }
+    }
+
+    /// The column sums equal [`accumulated_sum`] of each column gathered by hand, bit for bit,
+    /// for both slot counts and column counts that are not multiples of 8.
+    #[test]
+    fn accumulated_sums_equal_the_per_column_sum() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            // Mixed magnitudes, so that the order of the additions shows in the bits.
+            let m = (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            m * [1.0, 1e4, 1e-3][(seed % 3) as usize]
+        };
+        for width in [LANES, STEP_LANES] {
+            for n in [1usize, 5, 8, 13, 64, 80, 128] {
+                let accs: Vec<f32> = (0..width * n).map(|_| next()).collect();
+                let mut out = vec![0.0f32; n];
+                accumulated_sums(&accs, &mut out);
+                for (d, o) in out.iter().enumerate() {
+                    let col: Vec<f32> = (0..width).map(|k| accs[k * n + d]).collect();
+                    assert_eq!(
+                        o.to_bits(),
+                        accumulated_sum(&col).to_bits(),
+                        "width {width} n {n} column {d}"
+                    );
+                }
+            }
+        }
+    }
 
     /// The 8-lane exp equals the scalar one bit for bit, over a sweep of arguments including
     /// the extremes (underflow to 0 and subnormals, overflow to inf, -inf, 0).

@@ -309,6 +309,20 @@ fn ring_slot(pos: usize, rows: usize) -> usize {
     }
 }
 
+/// The rows of positions `first..first + n` in a layer of `rows` rows, as runs of consecutive
+/// rows `(first row, count)`: one run, or two where a sliding-window ring wraps (`n <= rows`
+/// there). Unused runs have count 0.
+#[inline(always)]
+fn ring_runs(first: usize, n: usize, rows: usize) -> [(usize, usize); 2] {
+    if first + n <= rows {
+        return [(first, n), (0, 0)];
+    }
+    debug_assert!(n <= rows, "a ring holds at most its rows");
+    let start = ring_slot(first, rows);
+    let head = (rows - start).min(n);
+    [(start, head), (0, n - head)]
+}
+
 /// Rotary embedding of one row (all heads) at position `pos`: `dst` = `src` with pairs rotated
 /// by `pos * freq_scale * freq_base^(-2i/n_rot)`, pairs adjacent (normal) or `n_rot/2` apart
 /// (NeoX); dimensions past `n_rot` pass through.
@@ -1640,10 +1654,19 @@ impl OpCtx<'_> {
         let n_tok = self.n_tokens();
         let batch = n_tok > 1;
         let width = if batch { LANES } else { STEP_LANES };
-        let kv_dim = self.kv.kv_dim;
         let ctx = self.kv.ctx;
-        let rb = self.kv.row_bytes;
         let (k_base, v_base, rows) = self.kv.layer_span(layer);
+        // The layer's keys and values, one slice each (f16 rows of `row_bytes` bytes).
+        let row_len = self.kv.row_bytes / 2;
+        debug_assert!(row_len >= self.kv.kv_dim);
+        // SAFETY: the cache is only read during attention: StoreKv wrote it before the barrier
+        // that precedes this op, and nothing writes it until the next StoreKv.
+        let (keys, values) = unsafe {
+            (
+                self.kv.mem.slice::<f16>(k_base, rows * row_len),
+                self.kv.mem.slice::<f16>(v_base, rows * row_len),
+            )
+        };
         let scratch = self.scratch();
         let (scores, rest) = scratch.split_at_mut(ctx);
         let (qh, rest) = rest.split_at_mut(head_dim);
@@ -1662,25 +1685,28 @@ impl OpCtx<'_> {
             // A sliding window starts later; scores[i] is position first + i.
             let first = window.map_or(0, |w| n_pos.saturating_sub(w));
             let n_seen = n_pos - first;
-            let mut max = f32::NEG_INFINITY;
-            for (i, s) in scores[..n_seen].iter_mut().enumerate() {
-                let p = first + i;
-                // SAFETY: the cache is only read during attention: StoreKv wrote it before the
-                // barrier that precedes this op, and nothing writes it until the next StoreKv.
-                let krow = unsafe {
-                    self.kv
-                        .mem
-                        .slice::<f16>(k_base + ring_slot(p, rows) * rb, kv_dim)
-                };
-                let k = &krow[kvh * head_dim..(kvh + 1) * head_dim];
-                let dot = if batch {
-                    order::dot_f16_tinyblas(k, qh)
-                } else {
-                    order::dot_f16_ggml(k, qh)
-                };
-                *s = soft_cap(dot, softcap) * scale;
-                max = max.max(*s);
+            let off = kvh * head_dim;
+            // Positions first.. sit in at most two runs of consecutive rows (a ring wraps once).
+            let runs = ring_runs(first, n_seen, rows);
+            let mut at = 0;
+            for (slot0, len) in runs {
+                let run = &keys[slot0 * row_len..];
+                order::dot_f16_rows(run, row_len, off, qh, &mut scores[at..at + len], batch);
+                at += len;
             }
+            for s in &mut scores[..n_seen] {
+                *s = soft_cap(*s, softcap) * scale;
+            }
+            // The maximum in 8 lanes (vectorized; one serial chain of `max` is slow): the same
+            // value as a serial fold, NaNs ignored either way (a zero's sign may differ, which
+            // changes no `s - max`).
+            let mut lanes = [f32::NEG_INFINITY; 8];
+            for c in scores[..n_seen].chunks(8) {
+                for (m, s) in lanes.iter_mut().zip(c) {
+                    *m = m.max(*s);
+                }
+            }
+            let max = lanes.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
             // exp(s - max), summed 16 at a time in f64 (ggml_vec_soft_max_f32).
             let mut sum = 0.0f64;
             for chunk in scores[..n_seen].chunks_mut(LANES) {
@@ -1690,33 +1716,39 @@ impl OpCtx<'_> {
                 sum += f64::from(order::reduce16(&lanes));
             }
             let inv = (1.0 / sum) as f32;
+            order::scale_round_f16(&mut scores[..n_seen], inv);
             // V·p with p rounded to f16. Output element d accumulates term p in slot
             // p % width (see cpu::ggml_order); slots are stored [slot][d] so that one position
             // updates a contiguous row of head_dim accumulators (vectorizable, same order).
             accs.fill(0.0);
-            for (i, s) in scores[..n_seen].iter().enumerate() {
-                let p = first + i;
-                let prob = f16::from_f32(*s * inv).to_f32();
-                // SAFETY: read-only, as above.
-                let vrow = unsafe {
-                    self.kv
-                        .mem
-                        .slice::<f16>(v_base + ring_slot(p, rows) * rb, kv_dim)
-                };
-                let slot = i % width;
-                let acc = &mut accs[slot * head_dim..(slot + 1) * head_dim];
-                order::axpy_f16(acc, &vrow[kvh * head_dim..(kvh + 1) * head_dim], prob);
+            let mut at = 0;
+            for (slot0, len) in runs {
+                let run = &values[slot0 * row_len..];
+                order::axpy_f16_rows(accs, width, at, run, row_len, off, &scores[at..at + len]);
+                at += len;
             }
-            let mut slots = [0.0f32; STEP_LANES];
-            for (d, o) in self
-                .output(out, t, h * head_dim..(h + 1) * head_dim)
-                .iter_mut()
-                .enumerate()
-            {
-                for (k, x) in slots[..width].iter_mut().enumerate() {
-                    *x = accs[k * head_dim + d];
+            order::accumulated_sums(accs, self.output(out, t, h * head_dim..(h + 1) * head_dim));
+        }
+    }
+}
+
+#[cfg(test)]
+mod ring_tests {
+    use super::{ring_runs, ring_slot};
+
+    /// The runs list exactly the rows `ring_slot` gives, position by position.
+    #[test]
+    fn ring_runs_cover_the_slots_in_order() {
+        for rows in [1usize, 3, 8, 13] {
+            for first in 0..3 * rows {
+                for n in 0..=rows {
+                    let want: Vec<usize> = (first..first + n).map(|p| ring_slot(p, rows)).collect();
+                    let got: Vec<usize> = ring_runs(first, n, rows)
+                        .iter()
+                        .flat_map(|&(s, len)| s..s + len)
+                        .collect();
+                    assert_eq!(got, want, "rows {rows} first {first} n {n}");
                 }
-                *o = order::accumulated_sum(&slots[..width]);
             }
         }
     }
