@@ -783,11 +783,10 @@ impl Kernels {
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) if repacked && t.avx512() => {
-                rows8_with!(
-                    t,
-                    q4_k_rows::dot_q4_k_q8_k_rows8_x1,
-                    repack::avx2::dot_q4_k_q8_k
-                )
+                // 16 / 8 rows in the SIMD lanes, as llama.cpp's repacked gemv holds them.
+                q4_k_rows::matvec_q4_k(t, w, rb, [blocks(x)], [y], |at, len| {
+                    prefetch_ahead(w, at + len + PREFETCH_BYTES, len)
+                })
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
@@ -1089,22 +1088,7 @@ impl Kernels {
                 }
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_K if t.avx512() => {
-                    // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
-                    let xbl = x.map(blocks);
-                    let n8 = y[0].len() / 8 * 8;
-                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
-                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                        let r = q4_k_rows::dot_q4_k_q8_k_rows8(t, rows8, xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
-                        }
-                    }
-                    for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {
-                        let r = repack::avx2::dot_q4_k_q8_k_xn(t, blocks(wr), xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[i] = rt;
-                        }
-                    }
+                    q4_k_rows::matvec_q4_k(t, w, rb, x.map(blocks), y, |_, _| {})
                 }
                 GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),

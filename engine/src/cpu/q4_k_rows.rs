@@ -50,6 +50,24 @@ fn transpose_4x4(v: [__m256i; 4]) -> [__m256i; 4] {
     ]
 }
 
+/// Dword j (0..4) of the 16 bytes at offset `o` of every block, rows 0..7 in the lanes.
+///
+/// # Safety
+/// 16 readable bytes at offset `o` of each block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dwords8(b: &[*const u8; 8], o: usize) -> [__m256i; 4] {
+    // SAFETY: as the caller's.
+    unsafe {
+        transpose_4x4([
+            load_2x16(b[0].add(o), b[4].add(o)),
+            load_2x16(b[1].add(o), b[5].add(o)),
+            load_2x16(b[2].add(o), b[6].add(o)),
+            load_2x16(b[3].add(o), b[7].add(o)),
+        ])
+    }
+}
+
 /// The dword at `p` in every lane.
 ///
 /// # Safety
@@ -106,9 +124,8 @@ unsafe fn rows8_impl<const N: usize>(w: [&[BlockQ4_K]; 8], x: [&[BlockQ8_K]; N])
         // Bytes 0..16 of each block: d, dmin, scales[0..12]. Lane r of h[0] = d | dmin << 16,
         // of h[1..4] = the scales' three u32.
         // SAFETY: each block has 144 readable bytes.
-        let h = transpose_4x4(std::array::from_fn(|r| unsafe {
-            load_2x16(b[r], b[r + 4])
-        }));
+        // SAFETY: each block has 144 readable bytes.
+        let h = unsafe { dwords8(&b, 0) };
         let dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h[0]));
         let dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(h[0])));
         // ggml's unpacking of the 6-bit scales and mins (`get_scale_min_k4` for 4 at a time):
@@ -125,26 +142,26 @@ unsafe fn rows8_impl<const N: usize>(w: [&[BlockQ4_K]; 8], x: [&[BlockQ8_K]; N])
             _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), k3)),
         );
         // Per sub-block k: each row's scale as i32, and its min as the i16 pair (m_k, m_k).
-        let sc: [__m256i; 8] = std::array::from_fn(|k| {
-            _mm256_shuffle_epi8(if k < 4 { sc_lo } else { sc_hi }, sel[k % 4])
-        });
-        let mins_k: [__m256i; 8] = std::array::from_fn(|k| {
-            _mm256_shuffle_epi8(if k < 4 { m_lo } else { m_hi }, sel_pair[k % 4])
-        });
+        let mut sc = [_mm256_setzero_si256(); 8];
+        let mut mins_k = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            sc[k] = _mm256_shuffle_epi8(sc_lo, sel[k]);
+            sc[k + 4] = _mm256_shuffle_epi8(sc_hi, sel[k]);
+            mins_k[k] = _mm256_shuffle_epi8(m_lo, sel_pair[k]);
+            mins_k[k + 4] = _mm256_shuffle_epi8(m_hi, sel_pair[k]);
+        }
         let mut isum = [_mm256_setzero_si256(); N];
         for c in 0..4 {
             // Dword j of the rows' chunk c: j < 4 from its first 16 bytes, j >= 4 the second.
-            let half = |o: usize| {
-                // SAFETY: 16 + 32c + o + 16 <= 144 bytes of each block.
-                transpose_4x4(std::array::from_fn(|r| unsafe {
-                    load_2x16(b[r].add(16 + 32 * c + o), b[r + 4].add(16 + 32 * c + o))
-                }))
-            };
-            let (t0, t1) = (half(0), half(16));
-            let tj = |j: usize| if j < 4 { t0[j] } else { t1[j - 4] };
-            let lo: [__m256i; 8] = std::array::from_fn(|j| _mm256_and_si256(tj(j), m4));
-            let hi: [__m256i; 8] =
-                std::array::from_fn(|j| _mm256_and_si256(_mm256_srli_epi16::<4>(tj(j)), m4));
+            // SAFETY: 16 + 32c + 32 <= 144 bytes of each block.
+            let (t0, t1) = unsafe { (dwords8(&b, 16 + 32 * c), dwords8(&b, 32 + 32 * c)) };
+            let tj = [t0[0], t0[1], t0[2], t0[3], t1[0], t1[1], t1[2], t1[3]];
+            let mut lo = [_mm256_setzero_si256(); 8];
+            let mut hi = [_mm256_setzero_si256(); 8];
+            for j in 0..8 {
+                lo[j] = _mm256_and_si256(tj[j], m4);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(tj[j]), m4);
+            }
             for t in 0..N {
                 let y = bx[t].qs.as_ptr().cast::<u8>();
                 let (mut s_lo, mut s_hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
@@ -193,6 +210,200 @@ unsafe fn rows8_impl<const N: usize>(w: [&[BlockQ4_K]; 8], x: [&[BlockQ8_K]; N])
     out
 }
 
+/// 16 bytes at offset `o` of blocks `b[r]`, `b[r + 4]`, `b[r + 8]` and `b[r + 12]`, in the four
+/// 128-bit quarters in that order.
+///
+/// # Safety
+/// 16 readable bytes at offset `o` of each of those blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_4x16(b: &[*const u8; 16], r: usize, o: usize) -> __m512i {
+    // SAFETY: 16 readable bytes at each (caller); `loadu` has no alignment requirement.
+    let (q0, q1, q2, q3) = unsafe {
+        (
+            _mm_loadu_si128(b[r].add(o).cast()),
+            _mm_loadu_si128(b[r + 4].add(o).cast()),
+            _mm_loadu_si128(b[r + 8].add(o).cast()),
+            _mm_loadu_si128(b[r + 12].add(o).cast()),
+        )
+    };
+    let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q0), q1);
+    let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q2), q3);
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Dword j (0..4) of the 16 bytes at offset `o` of every block, rows 0..15 in the lanes.
+///
+/// # Safety
+/// 16 readable bytes at offset `o` of each block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dwords16(b: &[*const u8; 16], o: usize) -> [__m512i; 4] {
+    // SAFETY: as the caller's.
+    unsafe {
+        transpose_4x4_x4([
+            load_4x16(b, 0, o),
+            load_4x16(b, 1, o),
+            load_4x16(b, 2, o),
+            load_4x16(b, 3, o),
+        ])
+    }
+}
+
+/// [`transpose_4x4`] within each of the four 128-bit quarters: from `v[r]` = [row r | row r + 4
+/// | row r + 8 | row r + 12] to `out[j]` = dword j of rows 0..15 in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn transpose_4x4_x4(v: [__m512i; 4]) -> [__m512i; 4] {
+    let t0 = _mm512_unpacklo_epi32(v[0], v[1]);
+    let t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    let t2 = _mm512_unpacklo_epi32(v[2], v[3]);
+    let t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
+}
+
+/// [`rows8_impl`] for 16 rows in the 16 lanes of 512-bit registers. The high nibbles are
+/// multiplied in place (`q & 0xF0` = 16 * nibble, saving the shift): their scaled sums are
+/// accumulated apart and divided by 16 exactly (an arithmetic shift of a multiple of 16; at most
+/// 4 * 16 * 63 * 32 * 15 * 128 in magnitude, within i32) before joining the low nibbles' sums.
+///
+/// # Safety
+/// As [`rows8_impl`], for 16 weight rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows16_impl<const N: usize>(
+    w: [&[BlockQ4_K]; 16],
+    x: [&[BlockQ8_K]; N],
+) -> [[f32; 16]; N] {
+    let nb = x[0].len();
+    let m4 = _mm512_set1_epi8(0x0F);
+    let (k1, k2, k3) = (
+        _mm512_set1_epi32(0x3f3f_3f3f),
+        _mm512_set1_epi32(0x0f0f_0f0f),
+        _mm512_set1_epi32(0x0303_0303),
+    );
+    let load_ctrl = |k: usize, pair: bool| {
+        let c = byte_select(k, pair);
+        // SAFETY: `c` is 32 readable bytes; `loadu` has no alignment requirement.
+        let c = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(c), c)
+    };
+    let sel: [__m512i; 4] = std::array::from_fn(|k| load_ctrl(k, false));
+    let sel_pair: [__m512i; 4] = std::array::from_fn(|k| load_ctrl(k, true));
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut acc_min = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        // SAFETY: i < nb <= w[r].len() (caller): each pointer is a whole 144-byte block.
+        let b: [*const u8; 16] = std::array::from_fn(|r| unsafe { w[r].as_ptr().add(i).cast() });
+        // SAFETY: as above, for x[t].
+        let bx: [&BlockQ8_K; N] = std::array::from_fn(|t| unsafe { x[t].get_unchecked(i) });
+        // SAFETY: each block has 144 readable bytes.
+        let h = unsafe { dwords16(&b, 0) };
+        let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h[0])));
+        let (u0, u1, u2) = (h[1], h[2], h[3]);
+        let sc_lo = _mm512_and_si512(u0, k1);
+        let sc_hi = _mm512_or_si512(
+            _mm512_and_si512(u2, k2),
+            _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u0), k3)),
+        );
+        let m_lo = _mm512_and_si512(u1, k1);
+        let m_hi = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32::<4>(u2), k2),
+            _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u1), k3)),
+        );
+        let mut sc = [_mm512_setzero_si512(); 8];
+        let mut mins_k = [_mm512_setzero_si512(); 8];
+        for k in 0..4 {
+            sc[k] = _mm512_shuffle_epi8(sc_lo, sel[k]);
+            sc[k + 4] = _mm512_shuffle_epi8(sc_hi, sel[k]);
+            mins_k[k] = _mm512_shuffle_epi8(m_lo, sel_pair[k]);
+            mins_k[k + 4] = _mm512_shuffle_epi8(m_hi, sel_pair[k]);
+        }
+        let mut isum = [_mm512_setzero_si512(); N];
+        let mut isum_hi16 = [_mm512_setzero_si512(); N];
+        for c in 0..4 {
+            // SAFETY: 16 + 32c + 32 <= 144 bytes of each block.
+            let (t0, t1) = unsafe { (dwords16(&b, 16 + 32 * c), dwords16(&b, 32 + 32 * c)) };
+            let tj = [t0[0], t0[1], t0[2], t0[3], t1[0], t1[1], t1[2], t1[3]];
+            let mut lo = [_mm512_setzero_si512(); 8];
+            let mut hi16 = [_mm512_setzero_si512(); 8];
+            for j in 0..8 {
+                lo[j] = _mm512_and_si512(tj[j], m4);
+                hi16[j] = _mm512_andnot_si512(m4, tj[j]);
+            }
+            for t in 0..N {
+                let y = bx[t].qs.as_ptr().cast::<u8>();
+                let (mut s_lo, mut s_hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for j in 0..8 {
+                    // SAFETY: 64c + 32 + 4j + 4 <= 256 quants; 4 readable bytes.
+                    let (y_lo, y_hi) = unsafe {
+                        (
+                            _mm512_set1_epi32(y.add(64 * c + 4 * j).cast::<i32>().read_unaligned()),
+                            _mm512_set1_epi32(
+                                y.add(64 * c + 32 + 4 * j).cast::<i32>().read_unaligned(),
+                            ),
+                        )
+                    };
+                    s_lo = _mm512_dpbusd_epi32(s_lo, lo[j], y_lo);
+                    s_hi = _mm512_dpbusd_epi32(s_hi, hi16[j], y_hi);
+                }
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s_lo, sc[2 * c]));
+                isum_hi16[t] =
+                    _mm512_add_epi32(isum_hi16[t], _mm512_mullo_epi32(s_hi, sc[2 * c + 1]));
+            }
+        }
+        for t in 0..N {
+            let bs = bx[t].bsums.as_ptr().cast::<u8>();
+            let mut mins = _mm512_setzero_si512();
+            for (k, mk) in mins_k.iter().enumerate() {
+                // SAFETY: 4k + 4 <= 32 bytes of bsums.
+                let pair = unsafe { bs.add(4 * k).cast::<i32>().read_unaligned() };
+                mins = _mm512_dpwssd_epi32(mins, *mk, _mm512_set1_epi32(pair));
+            }
+            let isum = _mm512_add_epi32(isum[t], _mm512_srai_epi32::<4>(isum_hi16[t]));
+            let dx = _mm512_set1_ps(bx[t].d());
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc[t]);
+            acc_min[t] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(mins),
+                _mm512_mul_ps(dmin, dx),
+                acc_min[t],
+            );
+        }
+    }
+    let mut out = [[0.0f32; 16]; N];
+    for t in 0..N {
+        // SAFETY: `out[t]` is 16 writable f32; storeu has no alignment requirement.
+        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc[t], acc_min[t])) };
+    }
+    out
+}
+
+/// Q4_K · Q8_K of 16 weight rows with `N` activation rows, as [`dot_q4_k_q8_k_rows8`] (the
+/// same bits) with 512-bit registers.
+///
+/// # Panics
+/// As [`dot_q4_k_q8_k_rows8`].
+pub(super) fn dot_q4_k_q8_k_rows16<const N: usize>(
+    t: Token,
+    w: [&[BlockQ4_K]; 16],
+    x: [&[BlockQ8_K]; N],
+) -> [[f32; 16]; N] {
+    assert!(t.avx512(), "the AVX-512 kernels need an AVX-512 token");
+    let n = x.first().map_or(0, |r| r.len());
+    assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+    assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
+    if N == 0 {
+        return [[0.0; 16]; N];
+    }
+    // SAFETY: as in `dot_q4_k_q8_k_rows8`.
+    unsafe { rows16_impl(w, x) }
+}
+
 /// Q4_K · Q8_K of 8 weight rows with `N` activation rows in the order of
 /// [`super::repack::dot_q4_k_q8_k`], bit-identical to `8 * N` calls of it: `out[t][r]` is row r
 /// with token t.
@@ -217,10 +428,49 @@ pub(super) fn dot_q4_k_q8_k_rows8<const N: usize>(
     unsafe { rows8_impl(w, x) }
 }
 
-/// [`dot_q4_k_q8_k_rows8`] with one token, for `Kernels::matvec`'s 8-row groups.
-pub(super) fn dot_q4_k_q8_k_rows8_x1(t: Token, w: [&[BlockQ4_K]; 8], x: &[BlockQ8_K]) -> [f32; 8] {
-    let [r] = dot_q4_k_q8_k_rows8(t, w, [x]);
-    r
+/// `y[t][i]` = row i of `w` (whole rows of `rb` bytes) with token t, in the order of
+/// [`super::repack::dot_q4_k_q8_k`]: 16-row groups in 512-bit lanes, then an 8-row group in
+/// 256-bit lanes, then single rows (`repack`'s AVX2 kernel). `prefetch(at, len)` is called
+/// with each group's byte range in `w` before it is computed (decode streams the weights).
+///
+/// # Panics
+/// If `t` is not an AVX-512 token, the activation rows differ in length or have fewer blocks
+/// than a weight row, or a `y[t]` is shorter than the rows of `w`.
+pub(super) fn matvec_q4_k<const N: usize>(
+    t: Token,
+    w: &[u8],
+    rb: usize,
+    x: [&[BlockQ8_K]; N],
+    y: [&mut [f32]; N],
+    prefetch: impl Fn(usize, usize),
+) {
+    let rows = w.len().checked_div(rb).unwrap_or(0);
+    assert!(y.iter().all(|y| y.len() >= rows), "y too short");
+    let row = |i: usize| -> &[BlockQ4_K] { super::blocks(&w[i * rb..(i + 1) * rb]) };
+    let mut y = y;
+    let mut i = 0;
+    while i + 16 <= rows {
+        prefetch(i * rb, 16 * rb);
+        let r = dot_q4_k_q8_k_rows16(t, std::array::from_fn(|k| row(i + k)), x);
+        for (yt, rt) in y.iter_mut().zip(r) {
+            yt[i..i + 16].copy_from_slice(&rt);
+        }
+        i += 16;
+    }
+    if i + 8 <= rows {
+        prefetch(i * rb, 8 * rb);
+        let r = dot_q4_k_q8_k_rows8(t, std::array::from_fn(|k| row(i + k)), x);
+        for (yt, rt) in y.iter_mut().zip(r) {
+            yt[i..i + 8].copy_from_slice(&rt);
+        }
+        i += 8;
+    }
+    for i in i..rows {
+        let r = super::repack::avx2::dot_q4_k_q8_k_xn(t, row(i), x);
+        for (yt, rt) in y.iter_mut().zip(r) {
+            yt[i] = rt;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -278,8 +528,25 @@ mod tests {
                 let rows8 = std::array::from_fn(|k| blocks(&w[k * rb..(k + 1) * rb]));
                 let xb: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
                 let got4 = dot_q4_k_q8_k_rows8(t, rows8, xb);
+                // 16 rows: these 8 and 8 more.
+                let w2 = q4_k_rows(&mut r, 8, nb, extreme);
+                let rows16: [&[BlockQ4_K]; 16] = std::array::from_fn(|k| {
+                    let src = if k < 8 { &w } else { &w2 };
+                    blocks(&src[(k % 8) * rb..(k % 8 + 1) * rb])
+                });
+                let got16 = dot_q4_k_q8_k_rows16(t, rows16, xb);
                 for (tok, x) in xb.iter().enumerate() {
-                    let got1 = dot_q4_k_q8_k_rows8_x1(t, rows8, x);
+                    for row in 0..16 {
+                        let want = repack::dot_q4_k_q8_k(rows16[row], x);
+                        assert_eq!(
+                            got16[tok][row].to_bits(),
+                            want.to_bits(),
+                            "16 nb={nb} {extreme}"
+                        );
+                    }
+                }
+                for (tok, x) in xb.iter().enumerate() {
+                    let [got1] = dot_q4_k_q8_k_rows8(t, rows8, [*x]);
                     for row in 0..8 {
                         let want = repack::dot_q4_k_q8_k(rows8[row], x);
                         assert_eq!(
@@ -408,6 +675,90 @@ mod tests {
             pn * 1e3,
             macs / pn / 1e9,
             po / pn
+        );
+        // The kernels directly: 8-row groups x 4 tokens, 16-row groups x 4 and x 8 tokens.
+        let t = Token::detect_avx512().unwrap();
+        let rb = nb * 144;
+        let wrows = |r0: usize| -> &[BlockQ4_K] { blocks(&w[r0 * rb..(r0 + 1) * rb]) };
+        let direct = |rows_per: usize, toks: usize| {
+            move || {
+                let mut sink = 0f32;
+                for start in (0..512).step_by(rows_per) {
+                    for g in xs.chunks_exact(toks) {
+                        if rows_per == 8 && toks == 4 {
+                            let xq: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&g[k]));
+                            let r = dot_q4_k_q8_k_rows8(
+                                t,
+                                std::array::from_fn(|k| wrows(start + k)),
+                                xq,
+                            );
+                            sink += r[0][0];
+                        } else if toks == 4 {
+                            let xq: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&g[k]));
+                            let r = dot_q4_k_q8_k_rows16(
+                                t,
+                                std::array::from_fn(|k| wrows(start + k)),
+                                xq,
+                            );
+                            sink += r[0][0];
+                        } else {
+                            let xq: [&[BlockQ8_K]; 8] = std::array::from_fn(|k| blocks(&g[k]));
+                            let r = dot_q4_k_q8_k_rows16(
+                                t,
+                                std::array::from_fn(|k| wrows(start + k)),
+                                xq,
+                            );
+                            sink += r[0][0];
+                        }
+                    }
+                }
+                std::hint::black_box(sink);
+            }
+        };
+        let r8x4 = best(&mut direct(8, 4));
+        let r16x4 = best(&mut direct(16, 4));
+        let r16x8 = best(&mut direct(16, 8));
+        println!(
+            "direct: rows8 x4 {:.2} ms, rows16 x4 {:.2} ms, rows16 x8 {:.2} ms",
+            r8x4 * 1e3,
+            r16x4 * 1e3,
+            r16x8 * 1e3
+        );
+        // One token (decode), directly: 8-row against 16-row groups, whole matrix and in cache.
+        let x0: &[BlockQ8_K] = blocks(&xs[0]);
+        let one = |rows_per: usize, total: usize, reps: usize| {
+            move || {
+                let mut sink = 0f32;
+                for _ in 0..reps {
+                    for start in (0..total).step_by(rows_per) {
+                        if rows_per == 8 {
+                            let [r] = dot_q4_k_q8_k_rows8(
+                                t,
+                                std::array::from_fn(|k| wrows(start + k)),
+                                [x0],
+                            );
+                            sink += r[0];
+                        } else {
+                            let [r] = dot_q4_k_q8_k_rows16(
+                                t,
+                                std::array::from_fn(|k| wrows(start + k)),
+                                [x0],
+                            );
+                            sink += r[0];
+                        }
+                    }
+                }
+                std::hint::black_box(sink);
+            }
+        };
+        let (a, b) = (best(&mut one(8, rows, 1)), best(&mut one(16, rows, 1)));
+        let (c, d) = (best(&mut one(8, 256, 50)), best(&mut one(16, 256, 50)));
+        println!(
+            "direct decode: rows8 {:.2} ms, rows16 {:.2} ms; in cache rows8 {:.2} ms, rows16 {:.2} ms",
+            a * 1e3,
+            b * 1e3,
+            c * 1e3,
+            d * 1e3
         );
         let decode = |k: Kernels| {
             let mut y = vec![0f32; rows];
