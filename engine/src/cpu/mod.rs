@@ -47,6 +47,8 @@ mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
+#[cfg(target_arch = "x86_64")]
+mod q4_k_rows;
 mod q5_0;
 mod q5_1;
 mod q5_k;
@@ -431,8 +433,8 @@ impl Kernels {
     /// this build have them; `neon` is the best NEON variant (with `sdot` where the CPU has the
     /// dot-product instructions). Activation rounding is [`Q8Rounding::GgmlRef`]; use
     /// [`Kernels::with_q8_rounding`] (with [`Q8Rounding::host`] to match [`Kernels::detect`]).
-    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0 and Q4_1, which
-    /// give the same bits.
+    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0, Q4_1 and
+    /// repacked Q4_K, which give the same bits.
     pub fn by_name(name: &str) -> Option<Kernels> {
         match name {
             "scalar" => Some(Kernels::scalar()),
@@ -802,6 +804,13 @@ impl Kernels {
                 rows_with!(|wr| repack::avx2::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
             }
             #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) if repacked && t.avx512() => {
+                // 16 / 8 rows in the SIMD lanes, as llama.cpp's repacked gemv holds them.
+                q4_k_rows::matvec_q4_k(t, w, rb, [blocks(x)], [y], |at, len| {
+                    prefetch_ahead(w, at + len + PREFETCH_BYTES, len)
+                })
+            }
+            #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
                 rows_with!(|wr| repack::avx2::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
             }
@@ -1108,6 +1117,9 @@ impl Kernels {
                     }
                 }
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
+                GgmlType::Q4_K if t.avx512() => {
+                    q4_k_rows::matvec_q4_k(t, w, rb, x.map(blocks), y, |_, _| {})
+                }
                 GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }
