@@ -251,7 +251,7 @@ pub fn accumulated_sum(acc: &[f32]) -> f32 {
 #[inline(always)]
 pub fn accumulated_sums(accs: &[f32], out: &mut [f32]) {
     let n = out.len();
-    let width = if n == 0 { 0 } else { accs.len() / n };
+    let width = accs.len().checked_div(n).unwrap_or(0);
     debug_assert!(n == 0 || width == LANES || width == STEP_LANES);
     let at = |slot: usize, d: usize| accs[slot * n + d];
     for c0 in (0..n).step_by(8) {
