@@ -423,6 +423,10 @@ mod simd {
             }
             i += LANES;
         }
+        if full == n {
+            // SAFETY: AVX2 present (this function's contract).
+            return unsafe { reduce16_regs(lo, hi) };
+        }
         // SAFETY: AVX2 present (this function's contract).
         let mut acc = unsafe { lanes(lo, hi) };
         for k in full..n {
@@ -430,6 +434,22 @@ mod simd {
             acc[l] = h(a[k]).mul_add(b[k], acc[l]);
         }
         reduce16(&acc)
+    }
+
+    /// [`super::reduce16`] of the 16 lanes `lo` (0..8) and `hi` (8..16), in registers: the same
+    /// additions of the same pairs.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn reduce16_regs(lo: __m256, hi: __m256) -> f32 {
+        // t3[i] = a[i + 8] + a[i]; t6[i] = t3[i + 4] + t3[i].
+        let t3 = _mm256_add_ps(hi, lo);
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        // [t6[0] + t6[2], t6[1] + t6[3], ..], then their sum.
+        let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
     }
 
     /// [`super::expf`] on 8 lanes: the same fused and plain operations in the same order;
@@ -538,6 +558,73 @@ mod simd {
         probs: &[f32],
     ) {
         let n = accs.len() / slots;
+        if slots.is_multiple_of(8) {
+            // Eight slots' accumulators of one 8-column chunk stay in registers while every term
+            // of those slots is added (each slot still takes its terms in order, so the bits are
+            // those of one `axpy_f16` per term); the accumulators are loaded and stored once.
+            let full = n - n % 8;
+            let len = probs.len();
+            // Virtual term j = i + f lands in slot j % slots: a pass over slots s0..s0 + 8 takes
+            // the 8 consecutive terms i = G * slots + s0 - f + k of every group G.
+            let f = first_term % slots;
+            let groups = (len + f).div_ceil(slots);
+            let mut c = 0;
+            while c < full {
+                let mut s0 = 0;
+                while s0 < slots {
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: slot s0 + k < slots and c + 8 <= n: inside `accs`.
+                        *a = unsafe { _mm256_loadu_ps(accs.as_ptr().add((s0 + k) * n + c)) };
+                    }
+                    for g in 0..groups {
+                        let i0 = (g * slots + s0) as isize - f as isize;
+                        if i0 >= 0 && i0 as usize + 8 <= len {
+                            let i0 = i0 as usize;
+                            let base = i0 * stride + off + c;
+                            // The rows' bound (checked by the caller) covers term i0 + 7.
+                            debug_assert!(base + 7 * stride + 8 <= rows.len());
+                            for (k, a) in acc.iter_mut().enumerate() {
+                                // SAFETY: term i0 + k < len, whose row chunk lies in `rows`
+                                // (the caller checked rows.len() >= (len-1)*stride + off + n).
+                                let v = unsafe { load8(rows, base + k * stride) };
+                                // SAFETY: i0 + k < len = probs.len().
+                                let p = unsafe { *probs.get_unchecked(i0 + k) };
+                                *a = _mm256_fmadd_ps(v, _mm256_set1_ps(p), *a);
+                            }
+                        } else {
+                            for (k, a) in acc.iter_mut().enumerate() {
+                                let i = i0 + k as isize;
+                                if i >= 0 && (i as usize) < len {
+                                    let i = i as usize;
+                                    // SAFETY: as above, for term i < len.
+                                    let v = unsafe { load8(rows, i * stride + off + c) };
+                                    *a = _mm256_fmadd_ps(v, _mm256_set1_ps(probs[i]), *a);
+                                }
+                            }
+                        }
+                    }
+                    for (k, a) in acc.iter().enumerate() {
+                        // SAFETY: as for the loads.
+                        unsafe { _mm256_storeu_ps(accs.as_mut_ptr().add((s0 + k) * n + c), *a) };
+                    }
+                    s0 += 8;
+                }
+                c += 8;
+            }
+            if full == n {
+                return;
+            }
+            // The last columns, term by term.
+            for (i, p) in probs.iter().enumerate() {
+                let slot = (first_term + i) % slots;
+                let a = &mut accs[slot * n + full..(slot + 1) * n];
+                for (x, v) in a.iter_mut().zip(&rows[i * stride + off + full..]) {
+                    *x = h(*v).mul_add(*p, *x);
+                }
+            }
+            return;
+        }
         let mut slot = first_term % slots;
         for (i, p) in probs.iter().enumerate() {
             // SAFETY: this function's features are axpy_f16's.
@@ -622,14 +709,12 @@ mod simd {
             }
             i += STEP;
         }
+        // folded[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l]), in registers (lo and hi halves).
+        // (No closure: closures do not inherit the target features.)
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
         // SAFETY: AVX2 present (this function's contract).
-        let accs: [[f32; LANES]; 4] =
-            std::array::from_fn(|j| unsafe { lanes(acc[2 * j], acc[2 * j + 1]) });
-        let mut folded = [0.0f32; LANES];
-        for l in 0..LANES {
-            folded[l] = (accs[0][l] + accs[2][l]) + (accs[1][l] + accs[3][l]);
-        }
-        let mut sum = f64::from(reduce16(&folded));
+        let mut sum = f64::from(unsafe { reduce16_regs(lo, hi) });
         for k in np..n {
             sum += f64::from(h(a[k]) * b[k]);
         }
@@ -787,41 +872,54 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
         };
-        let (stride, off, n) = (96usize, 32usize, 64usize);
-        let n_rows = 37;
-        let rows: Vec<f16> = (0..stride * n_rows)
-            .map(|_| f16::from_f32(next()))
-            .collect();
-        let q: Vec<f32> = (0..n).map(|_| next()).collect();
-        for batch in [false, true] {
-            let mut out = vec![0.0f32; n_rows];
-            dot_f16_rows(&rows, stride, off, &q, &mut out, batch);
-            for (i, o) in out.iter().enumerate() {
-                let a = &rows[i * stride + off..][..n];
-                let want = if batch {
-                    dot_f16_tinyblas(a, &q)
-                } else {
-                    dot_f16_ggml(a, &q)
-                };
-                assert_eq!(o.to_bits(), want.to_bits(), "row {i} batch {batch}");
+        // Head sizes that are and are not whole 8-column chunks; runs shorter and longer than
+        // the slot count; several first terms.
+        for (stride, off, n, n_rows) in [
+            (96usize, 32usize, 64usize, 37usize),
+            (50, 3, 44, 5),
+            (64, 0, 64, 130),
+        ] {
+            let rows: Vec<f16> = (0..stride * n_rows)
+                .map(|_| f16::from_f32(next()))
+                .collect();
+            let q: Vec<f32> = (0..n).map(|_| next()).collect();
+            for batch in [false, true] {
+                let mut out = vec![0.0f32; n_rows];
+                dot_f16_rows(&rows, stride, off, &q, &mut out, batch);
+                for (i, o) in out.iter().enumerate() {
+                    let a = &rows[i * stride + off..][..n];
+                    let want = if batch {
+                        dot_f16_tinyblas(a, &q)
+                    } else {
+                        dot_f16_ggml(a, &q)
+                    };
+                    assert_eq!(o.to_bits(), want.to_bits(), "row {i} batch {batch}");
+                }
             }
-        }
-        let probs: Vec<f32> = (0..n_rows).map(|_| next()).collect();
-        for slots in [LANES, STEP_LANES] {
-            let first_term = 5;
-            let mut accs = vec![0.0f32; slots * n];
-            axpy_f16_rows(&mut accs, slots, first_term, &rows, stride, off, &probs);
-            let mut want = vec![0.0f32; slots * n];
-            for (i, p) in probs.iter().enumerate() {
-                let s = (first_term + i) % slots;
-                axpy_f16(
-                    &mut want[s * n..(s + 1) * n],
-                    &rows[i * stride + off..][..n],
-                    *p,
-                );
+            let probs: Vec<f32> = (0..n_rows).map(|_| next()).collect();
+            for slots in [LANES, STEP_LANES] {
+                for first_term in [0usize, 5, 70] {
+                    // Start from non-zero accumulators (a second run adds to the first's).
+                    let init: Vec<f32> = (0..slots * n).map(|_| next()).collect();
+                    let mut accs = init.clone();
+                    axpy_f16_rows(&mut accs, slots, first_term, &rows, stride, off, &probs);
+                    let mut want = init;
+                    for (i, p) in probs.iter().enumerate() {
+                        let s = (first_term + i) % slots;
+                        axpy_f16(
+                            &mut want[s * n..(s + 1) * n],
+                            &rows[i * stride + off..][..n],
+                            *p,
+                        );
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&accs),
+                        bits(&want),
+                        "n {n} slots {slots} first {first_term}"
+                    );
+                }
             }
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&accs), bits(&want), "slots {slots}");
         }
     }
 
