@@ -20,7 +20,9 @@
 // Indexing mirrors ggml's block layout (several arrays addressed by one element index).
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2::Token;
+use std::arch::x86_64::*;
+
+use super::avx2::{hsum, Token};
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::q4_k::{scale_min_k4, BlockQ4_K};
 use super::q5_0::BlockQ5_0;
@@ -182,35 +184,157 @@ unsafe fn dot_q5_k_q8_k_impl(w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     hsum8(&acc) + summs
 }
 
+// ---- Q6_K ----
+//
+// Lane `i` of a block (what ggml's AVX2 `ggml_vec_dot_q6_K_q8_K` forms): the unsigned quants
+// `q + 32` (0..63) times the activations, elements `4i..4i + 4` of each 32-element chunk `c`
+// scaled by the chunk's sub-block scale (`2c` for `i < 4`, `2c + 1` for `i >= 4`), summed over
+// the 8 chunks; minus `32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])`. The lanes differ
+// from a signed sum's, but each is an exact integer, so any grouping of the integer work gives
+// the same lanes. Bounds: `maddubs` pairs are at most 2 * 63 * 128 = 16128 (no i16 saturation),
+// `madd` with an i8 scale at most 2 * 16128 * 128 per pair of pairs, a lane at most
+// 8 * 4 * 63 * 128 * 128 plus the offset's 32 * 2 * 32768 * 128 (even for arbitrary i16 bsums):
+// far inside i32.
+
+/// `pshufb` controls, one per 32-element chunk `c`, picking sub-block scale `2c` into bytes 0..8
+/// and `2c + 1` into bytes 8..16 (ggml's `get_scale_shuffle`).
+static Q6K_SCALE_SHUFFLE: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut c = 0;
+    while c < 8 {
+        let mut j = 0;
+        while j < 16 {
+            t[c][j] = (2 * c + j / 8) as u8;
+            j += 1;
+        }
+        c += 1;
+    }
+    t
+};
+
+/// The i16 multipliers of chunk `c`'s 16 `maddubs` pair sums: `[sc[2c]; 8]` then
+/// `[sc[2c + 1]; 8]`, from the block's 16 scales loaded as bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_chunk_scales(scales: __m128i, c: usize) -> __m256i {
+    // SAFETY: `Q6K_SCALE_SHUFFLE[c]` is 16 readable bytes (indexing checks `c`); loadu has no
+    // alignment requirement.
+    let ctrl = _mm_loadu_si128(Q6K_SCALE_SHUFFLE[c].as_ptr().cast());
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, ctrl))
+}
+
+/// The block's 16 scales as bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_scales(bw: &BlockQ6_K) -> __m128i {
+    // SAFETY: `scales` is 16 readable bytes; loadu has no alignment requirement.
+    _mm_loadu_si128(bw.scales.as_ptr().cast())
+}
+
+/// The four 32-quant chunks of half `h` (0 or 1) of a Q6_K block, elements `128h + 32k..` in
+/// chunk `k`, as unsigned bytes `q + 32` (0..63): low nibbles of `ql[64h..64h + 32]`, of
+/// `ql[64h + 32..64h + 64]`, then their high nibbles, with bit pairs 0, 2, 4, 6 of
+/// `qh[32h..32h + 32]` on top.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_half_quants(bw: &BlockQ6_K, h: usize) -> [__m256i; 4] {
+    assert!(h < 2);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    // SAFETY: h < 2, so `ql[64h..64h + 64]` and `qh[32h..32h + 32]` are inside the block's
+    // arrays; loadu has no alignment requirement.
+    let (l0, l1, hb) = (
+        _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h).cast()),
+        _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h + 32).cast()),
+        _mm256_loadu_si256(bw.qh.as_ptr().add(32 * h).cast()),
+    );
+    // Bit pair `2k` of each qh byte moved to bits 4..6: 16-bit shifts, and the mask drops
+    // whatever crossed from the neighbouring byte.
+    let h0 = _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30);
+    let h1 = _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30);
+    let h2 = _mm256_and_si256(hb, m30);
+    let h3 = _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30);
+    [
+        _mm256_or_si256(_mm256_and_si256(l0, m4), h0),
+        _mm256_or_si256(_mm256_and_si256(l1, m4), h1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), h2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), h3),
+    ]
+}
+
+/// Activations `32c..32c + 32` of a Q8_K block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8k_chunk(bx: &BlockQ8_K, c: usize) -> __m256i {
+    assert!(c < 8);
+    // SAFETY: c < 8, so `qs[32c..32c + 32]` is inside the 256 quants; loadu has no alignment
+    // requirement.
+    _mm256_loadu_si256(bx.qs.as_ptr().add(32 * c).cast())
+}
+
+/// The unsigned quants' offset per lane: `32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])`
+/// (`sc16` = the 16 scales as i16).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_offset(bx: &BlockQ8_K, sc16: __m256i) -> __m256i {
+    // SAFETY: `bsums` is 16 little-endian i16 (32 bytes), as x86 loads them; loadu has no
+    // alignment requirement.
+    let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
+    _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5)
+}
+
+/// Q6_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`: per block the 8 lanes above, then
+/// `fma(d_x * d_w, lane, acc)`, and `hsum` at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k_q8_k_impl(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
-    let mut acc = [0.0f32; 8];
+    let mut acc = _mm256_setzero_ps();
     for (bw, bx) in w.iter().zip(x) {
         let d = bx.d() * f16_le(bw.d);
-        let q = bw.quants();
-        // ggml multiplies the unsigned quants (q + 32) and subtracts 32 * scale * bsum afterwards,
-        // lane `i` taking sub-blocks 2i and 2i + 1: the lanes differ from a signed sum's.
-        let mut lanes = [0i32; 8];
-        for c in 0..8 {
-            for (i, l) in lanes.iter_mut().enumerate() {
-                let base = 32 * c + 4 * i;
-                let mut s = 0i32;
-                for e in base..base + 4 {
-                    s += (i32::from(q[e]) + 32) * i32::from(bx.qs[e]);
-                }
-                *l += i32::from(bw.scales[base / 16]) * s;
+        let scales = q6k_scales(bw);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let q = q6k_half_quants(bw, h);
+            for (k, qk) in q.into_iter().enumerate() {
+                let c = 4 * h + k;
+                let p = _mm256_maddubs_epi16(qk, q8k_chunk(bx, c));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, q6k_chunk_scales(scales, c)));
             }
         }
-        for (i, l) in lanes.iter_mut().enumerate() {
-            let sub = bx.bsum(2 * i) * i32::from(bw.scales[2 * i])
-                + bx.bsum(2 * i + 1) * i32::from(bw.scales[2 * i + 1]);
-            *l -= sub << 5;
+        let lanes = _mm256_sub_epi32(sumi, q6k_offset(bx, _mm256_cvtepi8_epi16(scales)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+    }
+    hsum(acc)
+}
+
+/// [`dot_q6_k_q8_k_impl`] of one weight row with `N` activation rows: each block's quants and
+/// scales are unpacked once for all tokens; every token's lanes and f32 operations are the
+/// one-row kernel's.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ6_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let dw = f16_le(bw.d);
+        let scales = q6k_scales(bw);
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for h in 0..2 {
+            let q = q6k_half_quants(bw, h);
+            for (k, qk) in q.into_iter().enumerate() {
+                let c = 4 * h + k;
+                let sc = q6k_chunk_scales(scales, c);
+                for t in 0..N {
+                    let p = _mm256_maddubs_epi16(qk, q8k_chunk(bx[t], c));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+                }
+            }
         }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(l as f32, *a);
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        for t in 0..N {
+            let lanes = _mm256_sub_epi32(sumi[t], q6k_offset(bx[t], sc16));
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
         }
     }
-    hsum8(&acc)
+    acc.map(|a| hsum(a))
 }
 
 // Safe wrappers. SAFETY (all of them): a `Token` exists only after `Token::detect` confirmed AVX2,
@@ -252,3 +376,21 @@ pub(super) fn dot_q6_k_q8_k(_: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     // SAFETY: see above.
     unsafe { dot_q6_k_q8_k_impl(w, x) }
 }
+
+/// [`dot_q6_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q6_k_q8_k_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ6_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q6_k_q8_k_xn_impl(w, x) }
+}
+
+#[cfg(test)]
+mod tests;

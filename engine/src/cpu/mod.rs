@@ -1026,8 +1026,10 @@ impl Kernels {
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
-            if !(matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0)
-                || (w_ty == GgmlType::Q4_K && repacked))
+            if !(matches!(
+                w_ty,
+                GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q6_K
+            ) || (w_ty == GgmlType::Q4_K && repacked))
             {
                 return false;
             }
@@ -1079,6 +1081,8 @@ impl Kernels {
                 }
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
+                // llama.cpp never repacks Q6_K on x86: any row count.
+                GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }
             return true;

@@ -1,0 +1,303 @@
+//! The intrinsics kernels of `avx2_quants.rs` against the plain-loop versions they replaced
+//! (kept here as the references, compiled with the same target features so that the timing
+//! comparison is fair), bit for bit, on random and extreme blocks, directly and through
+//! `Kernels::vec_dot`, `matvec` and `matvec_tokens`.
+
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
+use super::super::testutil::Rng;
+use super::super::{blocks, f16_le_bytes, Kernels, MATVEC_TOKENS};
+use super::*;
+use crate::tensor::GgmlType;
+
+/// The plain-loop Q6_K kernel the intrinsics replaced: the lanes spelled out element by element.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reference_dot_q6_k_q8_k(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let q = bw.quants();
+        let mut lanes = [0i32; 8];
+        for c in 0..8 {
+            for (i, l) in lanes.iter_mut().enumerate() {
+                let base = 32 * c + 4 * i;
+                let mut s = 0i32;
+                for e in base..base + 4 {
+                    s += (i32::from(q[e]) + 32) * i32::from(bx.qs[e]);
+                }
+                *l += i32::from(bw.scales[base / 16]) * s;
+            }
+        }
+        for (i, l) in lanes.iter_mut().enumerate() {
+            let sub = bx.bsum(2 * i) * i32::from(bw.scales[2 * i])
+                + bx.bsum(2 * i + 1) * i32::from(bw.scales[2 * i + 1]);
+            *l -= sub << 5;
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+fn token() -> Option<Token> {
+    let t = Token::detect();
+    if t.is_none() {
+        eprintln!("no AVX2 on this CPU: skipped");
+    }
+    t
+}
+
+fn reference_q6_k(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
+    assert!(token().is_some());
+    // SAFETY: AVX2, FMA and F16C were detected just above.
+    unsafe { reference_dot_q6_k_q8_k(w, x) }
+}
+
+/// How a test block is filled: random bytes, or every field at one end of its range.
+#[derive(Clone, Copy, Debug)]
+enum Fill {
+    Random,
+    /// Quants 63 (`q = 31`), scales 127, activations 127.
+    Max,
+    /// Quants 0 (`q = -32`), scales -128, activations -128.
+    Min,
+    /// Quants 63, scales -128, activations -128 (the largest products).
+    Mixed,
+}
+
+fn q6_k_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
+    let mut w = r.bytes(nb * 210);
+    for b in w.chunks_mut(210) {
+        match fill {
+            Fill::Random => {}
+            Fill::Max | Fill::Mixed => b[..192].fill(0xFF),
+            Fill::Min => b[..192].fill(0),
+        }
+        match fill {
+            Fill::Random => {}
+            Fill::Max => b[192..208].fill(127),
+            Fill::Min | Fill::Mixed => b[192..208].fill(0x80),
+        }
+        let d = match fill {
+            Fill::Random => r.f32(0.05),
+            // Near the f16 maximum: large, still finite products with the activation scales.
+            _ => 60000.0,
+        };
+        b[208..210].copy_from_slice(&f16_le_bytes(d));
+    }
+    w
+}
+
+/// A Q8_K row: random quants (including -128) with consistent or (every other block) random
+/// i16 bsums, or every quant at one end of the range.
+fn q8_k_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
+    let mut x = r.bytes(nb * 292);
+    for (j, b) in x.chunks_mut(292).enumerate() {
+        let d = match fill {
+            Fill::Random => r.f32(0.02),
+            _ => 1.0e-3,
+        };
+        b[..4].copy_from_slice(&d.to_le_bytes());
+        match fill {
+            Fill::Random => {}
+            Fill::Max => b[4..260].fill(127),
+            Fill::Min | Fill::Mixed => b[4..260].fill(0x80),
+        }
+        if matches!(fill, Fill::Random) && j % 2 == 1 {
+            continue; // keep the random bsums: the kernel must not assume they match the quants
+        }
+        for k in 0..16 {
+            let s: i32 = b[4 + 16 * k..4 + 16 * k + 16]
+                .iter()
+                .map(|&q| i32::from(q as i8))
+                .sum();
+            b[260 + 2 * k..262 + 2 * k].copy_from_slice(&(s as i16).to_le_bytes());
+        }
+    }
+    x
+}
+
+const FILLS: [Fill; 4] = [Fill::Random, Fill::Max, Fill::Min, Fill::Mixed];
+const BLOCK_COUNTS: [usize; 7] = [1, 2, 3, 7, 8, 9, 16];
+
+#[test]
+fn q6_k_kernels_equal_the_reference_bit_for_bit() {
+    let Some(t) = token() else { return };
+    let mut r = Rng::new(61);
+    for fill in FILLS {
+        for nb in BLOCK_COUNTS {
+            for _ in 0..8 {
+                let w = q6_k_row(&mut r, nb, fill);
+                let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_k_row(&mut r, nb, fill)).collect();
+                let wb: &[BlockQ6_K] = blocks(&w);
+                let xb: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                let want = xb.map(|x| reference_q6_k(wb, x));
+                let one = xb.map(|x| dot_q6_k_q8_k(t, wb, x));
+                let four = dot_q6_k_q8_k_xn(t, wb, xb);
+                let two = dot_q6_k_q8_k_xn(t, wb, [xb[0], xb[1]]);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb}");
+                assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb}");
+                assert_eq!(bits(&two), bits(&want[..2]), "xn::<2> {fill:?} nb={nb}");
+            }
+        }
+    }
+}
+
+/// `Kernels::vec_dot`, `matvec` (row counts that are not multiples of 8 or 16, row ranges not
+/// starting at 0) and `matvec_tokens` of every x86 SIMD set equal the reference per row.
+#[test]
+fn q6_k_dispatch_equals_the_reference_bit_for_bit() {
+    if token().is_none() {
+        return;
+    }
+    let ty = GgmlType::Q6_K;
+    let simd: Vec<Kernels> = ["avx2", "avx512"]
+        .iter()
+        .filter_map(|n| Kernels::by_name(n))
+        .collect();
+    let mut r = Rng::new(62);
+    for fill in FILLS {
+        for (nb, rows) in [(1usize, 3usize), (2, 17), (3, 9), (7, 20), (9, 33)] {
+            let n = nb * 256;
+            let rb = nb * 210;
+            let w: Vec<u8> = (0..rows).flat_map(|_| q6_k_row(&mut r, nb, fill)).collect();
+            let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
+                .map(|_| q8_k_row(&mut r, nb, fill))
+                .collect();
+            let range = 1..rows;
+            let want: Vec<Vec<u32>> = xs
+                .iter()
+                .map(|x| {
+                    range
+                        .clone()
+                        .map(|i| reference_q6_k(blocks(&w[i * rb..(i + 1) * rb]), blocks(x)))
+                        .map(f32::to_bits)
+                        .collect()
+                })
+                .collect();
+            for k in &simd {
+                let name = k.isa_name();
+                for (t, x) in xs.iter().enumerate() {
+                    for (j, i) in range.clone().enumerate() {
+                        let one = k.vec_dot(ty, n, &w[i * rb..(i + 1) * rb], x);
+                        assert_eq!(one.to_bits(), want[t][j], "{name} vec_dot {fill:?} nb={nb}");
+                    }
+                    let mut y = vec![f32::NAN; range.len()];
+                    k.matvec(ty, n, &w, x, range.clone(), &mut y);
+                    let got: Vec<u32> = y.iter().map(|f| f.to_bits()).collect();
+                    assert_eq!(got, want[t], "{name} matvec {fill:?} nb={nb} rows={rows}");
+                }
+                let mut got = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
+                let [a, b, c, d] = &mut got[..] else {
+                    unreachable!()
+                };
+                let done = k.matvec_tokens(
+                    ty,
+                    n,
+                    &w,
+                    std::array::from_fn(|t| &xs[t][..]),
+                    range.clone(),
+                    [a, b, c, d],
+                );
+                assert!(done, "{name}: matvec_tokens declined Q6_K");
+                for t in 0..MATVEC_TOKENS {
+                    let g: Vec<u32> = got[t].iter().map(|f| f.to_bits()).collect();
+                    assert_eq!(
+                        g, want[t],
+                        "{name} matvec_tokens {fill:?} nb={nb} token {t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Old (plain loop) against new kernels on the same data in one process: prefill-shaped (4
+/// tokens, a matrix that stays in L2) and decode-shaped (one token, a matrix larger than the
+/// caches). Prints best-of-several times and the ratios.
+/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_q6_k() {
+    use std::time::Instant;
+    let Some(t) = token() else { return };
+    let mut r = Rng::new(63);
+    let best_of = |reps: usize, f: &mut dyn FnMut()| {
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let s = Instant::now();
+            f();
+            best = best.min(s.elapsed().as_secs_f64());
+        }
+        best
+    };
+    // Prefill: 4 tokens x 256 rows of 2048 (430 KB of weights).
+    let (rows, nb) = (256usize, 8usize);
+    let rb = nb * 210;
+    let w = q6_k_row(&mut r, rows * nb, Fill::Random);
+    let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_k_row(&mut r, nb, Fill::Random)).collect();
+    let xb: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+    let mut y = vec![0.0f32; 4 * rows];
+    let old = best_of(20, &mut || {
+        for (i, wr) in w.chunks_exact(rb).enumerate() {
+            for k in 0..4 {
+                y[k * rows + i] = reference_q6_k(blocks(wr), xb[k]);
+            }
+        }
+        std::hint::black_box(&mut y);
+    });
+    let one = best_of(20, &mut || {
+        for (i, wr) in w.chunks_exact(rb).enumerate() {
+            for k in 0..4 {
+                y[k * rows + i] = dot_q6_k_q8_k(t, blocks(wr), xb[k]);
+            }
+        }
+        std::hint::black_box(&mut y);
+    });
+    let four = best_of(20, &mut || {
+        for (i, wr) in w.chunks_exact(rb).enumerate() {
+            let v = dot_q6_k_q8_k_xn(t, blocks(wr), xb);
+            for k in 0..4 {
+                y[k * rows + i] = v[k];
+            }
+        }
+        std::hint::black_box(&mut y);
+    });
+    println!(
+        "q6_k prefill 4 tok x {rows}x{}: old {:.1} us, new 1-token {:.1} us ({:.2}x), xn::<4> {:.1} us ({:.2}x)",
+        nb * 256,
+        old * 1e6,
+        one * 1e6,
+        old / one,
+        four * 1e6,
+        old / four
+    );
+    // Decode: one token through a 32000 x 2048 output head (54 MB) via Kernels::matvec.
+    let rows = 32000usize;
+    let w = q6_k_row(&mut r, rows * nb, Fill::Random);
+    let mut y = vec![0.0f32; rows];
+    let k = Kernels::avx2().unwrap();
+    let old = best_of(5, &mut || {
+        for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+            *yi = reference_q6_k(blocks(wr), xb[0]);
+        }
+        std::hint::black_box(&mut y);
+    });
+    let new = best_of(5, &mut || {
+        k.matvec(GgmlType::Q6_K, nb * 256, &w, &xs[0], 0..rows, &mut y);
+        std::hint::black_box(&mut y);
+    });
+    println!(
+        "q6_k decode {rows}x{} ({:.1} MB): old {:.2} ms ({:.2} GB/s), new matvec {:.2} ms ({:.2} GB/s), {:.2}x",
+        nb * 256,
+        w.len() as f64 / 1e6,
+        old * 1e3,
+        w.len() as f64 / old / 1e9,
+        new * 1e3,
+        w.len() as f64 / new / 1e9,
+        old / new
+    );
+}
