@@ -380,7 +380,7 @@ pub(super) fn dot_q6_k_q8_k(_: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
 /// [`dot_q6_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
 /// calls of it). Panics if an activation row is shorter than the weight row.
 pub(super) fn dot_q6_k_q8_k_xn<const N: usize>(
-    _: Token,
+    t: Token,
     w: &[BlockQ6_K],
     x: [&[BlockQ8_K]; N],
 ) -> [f32; N] {
@@ -388,6 +388,10 @@ pub(super) fn dot_q6_k_q8_k_xn<const N: usize>(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
+    if t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q6_k_q8_k_xn(w, x) };
+    }
     // SAFETY: see above; lengths checked.
     unsafe { dot_q6_k_q8_k_xn_impl(w, x) }
 }

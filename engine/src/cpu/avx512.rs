@@ -18,6 +18,8 @@ use super::q4_0::BlockQ4_0;
 use super::q4_1::BlockQ4_1;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
+use super::q8_k::BlockQ8_K;
+use super::{f16_le, q6_k::BlockQ6_K};
 // AVX2 helpers: their features are a subset of this file's, so they inline here.
 use super::avx2::{hsum, load_q8, nibbles};
 
@@ -149,4 +151,97 @@ pub(super) unsafe fn dot_q4_0_q8_0_x4(w: &[BlockQ4_0], x: [&[BlockQ8_0]; 4]) -> 
     let (s0, s1) = hsum_pair(acc01);
     let (s2, s3) = hsum_pair(acc23);
     [s0, s1, s2, s3]
+}
+
+/// Q6_K . Q8_K of one weight row with `N` tokens, each token's lanes computed over 64 elements
+/// (two 32-element chunks) per 512-bit register: the even chunk's 8 lanes in the low half, the
+/// odd chunk's in the high half, added at the end of the block. `vpdpwssd` multiplies the
+/// `maddubs` pair sums by the sub-block scales and accumulates in one instruction. The lanes are
+/// the AVX2 kernel's exact integers (see `avx2_quants.rs` for the bounds: nothing saturates),
+/// and the f32 operations per token are its `fma(d_x * d_w, lane, acc)` and `hsum`, so the
+/// results are its bits.
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; every `x[t].len() >= w.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q6_k_q8_k_xn<const N: usize>(
+    w: &[BlockQ6_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    // qh bit pairs 0 / 1 (chunks 4h, 4h + 1) to bits 4..6 of each byte, and 2 / 3.
+    let shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    let shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    // Word indices picking sub-block scales 4j..4j + 4, 8 copies each, from the 16 scales.
+    let sc_idx: [__m512i; 4] = std::array::from_fn(|j| {
+        let j = j as i16;
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_setr_m128i(
+                _mm_set1_epi16(4 * j),
+                _mm_set1_epi16(4 * j + 1),
+            )),
+            _mm256_setr_m128i(_mm_set1_epi16(4 * j + 2), _mm_set1_epi16(4 * j + 3)),
+            1,
+        )
+    });
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let dw = f16_le(bw.d);
+        // SAFETY: `scales` is 16 readable bytes; loadu has no alignment requirement.
+        let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(bw.scales.as_ptr().cast()) });
+        let sc512 = _mm512_castsi256_si512(sc16);
+        let mut sumi = [_mm512_setzero_si512(); N];
+        for h in 0..2 {
+            // SAFETY: h < 2, so `ql[64h..64h + 64]` and `qh[32h..32h + 32]` are inside the
+            // block; loadu has no alignment requirement.
+            let (ql, qh) = unsafe {
+                (
+                    _mm512_loadu_si512(bw.ql.as_ptr().add(64 * h).cast()),
+                    _mm256_loadu_si256(bw.qh.as_ptr().add(32 * h).cast()),
+                )
+            };
+            let qhh = _mm512_broadcast_i64x4(qh);
+            // Chunks (4h, 4h + 1) and (4h + 2, 4h + 3) as unsigned `q + 32`.
+            let q01 = _mm512_or_si512(
+                _mm512_and_si512(ql, m4),
+                _mm512_and_si512(_mm512_sllv_epi16(qhh, shl01), m30),
+            );
+            let q23 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                _mm512_and_si512(_mm512_srlv_epi16(qhh, shr23), m30),
+            );
+            let sc01 = _mm512_permutexvar_epi16(sc_idx[2 * h], sc512);
+            let sc23 = _mm512_permutexvar_epi16(sc_idx[2 * h + 1], sc512);
+            for t in 0..N {
+                // SAFETY: h < 2, so `qs[128h..128h + 128]` is inside the 256 quants; loadu has
+                // no alignment requirement.
+                let (y01, y23) = unsafe {
+                    let p = bx[t].qs.as_ptr().add(128 * h);
+                    (
+                        _mm512_loadu_si512(p.cast()),
+                        _mm512_loadu_si512(p.add(64).cast()),
+                    )
+                };
+                let s = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(q01, y01), sc01);
+                sumi[t] = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(q23, y23), sc23);
+            }
+        }
+        for t in 0..N {
+            let s = sumi[t];
+            let even_odd =
+                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+            // SAFETY: `bsums` is 16 little-endian i16 (32 bytes), as x86 loads them; loadu has
+            // no alignment requirement.
+            let bsums = unsafe { _mm256_loadu_si256(bx[t].bsums.as_ptr().cast()) };
+            let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+            let lanes = _mm256_sub_epi32(even_odd, offset);
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    // SAFETY: AVX2 is among this function's features.
+    acc.map(|a| unsafe { hsum(a) })
 }

@@ -124,7 +124,13 @@ const BLOCK_COUNTS: [usize; 7] = [1, 2, 3, 7, 8, 9, 16];
 
 #[test]
 fn q6_k_kernels_equal_the_reference_bit_for_bit() {
-    let Some(t) = token() else { return };
+    if token().is_none() {
+        return;
+    }
+    let tokens: Vec<Token> = [Token::detect(), Token::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
     let mut r = Rng::new(61);
     for fill in FILLS {
         for nb in BLOCK_COUNTS {
@@ -134,13 +140,18 @@ fn q6_k_kernels_equal_the_reference_bit_for_bit() {
                 let wb: &[BlockQ6_K] = blocks(&w);
                 let xb: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
                 let want = xb.map(|x| reference_q6_k(wb, x));
-                let one = xb.map(|x| dot_q6_k_q8_k(t, wb, x));
-                let four = dot_q6_k_q8_k_xn(t, wb, xb);
-                let two = dot_q6_k_q8_k_xn(t, wb, [xb[0], xb[1]]);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb}");
-                assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb}");
-                assert_eq!(bits(&two), bits(&want[..2]), "xn::<2> {fill:?} nb={nb}");
+                for &t in &tokens {
+                    let a = t.avx512();
+                    let one = xb.map(|x| dot_q6_k_q8_k(t, wb, x));
+                    let one_n = xb.map(|x| dot_q6_k_q8_k_xn(t, wb, [x])[0]);
+                    let four = dot_q6_k_q8_k_xn(t, wb, xb);
+                    let two = dot_q6_k_q8_k_xn(t, wb, [xb[0], xb[1]]);
+                    assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&one_n), bits(&want), "xn::<1> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&two), bits(&want[..2]), "xn::<2> {fill:?} nb={nb} {a}");
+                }
             }
         }
     }
@@ -275,6 +286,33 @@ fn bench_q6_k() {
         four * 1e6,
         old / four
     );
+    if let Some(t5) = Token::detect_avx512() {
+        let four5 = best_of(20, &mut || {
+            for (i, wr) in w.chunks_exact(rb).enumerate() {
+                let v = dot_q6_k_q8_k_xn(t5, blocks(wr), xb);
+                for k in 0..4 {
+                    y[k * rows + i] = v[k];
+                }
+            }
+            std::hint::black_box(&mut y);
+        });
+        let one5 = best_of(20, &mut || {
+            for (i, wr) in w.chunks_exact(rb).enumerate() {
+                for k in 0..4 {
+                    y[k * rows + i] = dot_q6_k_q8_k_xn(t5, blocks(wr), [xb[k]])[0];
+                }
+            }
+            std::hint::black_box(&mut y);
+        });
+        println!(
+            "  avx512: xn::<4> {:.1} us ({:.2}x old, {:.2}x avx2 xn::<4>), xn::<1> {:.1} us ({:.2}x avx2 1-token)",
+            four5 * 1e6,
+            old / four5,
+            four / four5,
+            one5 * 1e6,
+            one / one5
+        );
+    }
     // Decode: one token through a 32000 x 2048 output head (54 MB) via Kernels::matvec.
     let rows = 32000usize;
     let w = q6_k_row(&mut r, rows * nb, Fill::Random);
@@ -290,6 +328,25 @@ fn bench_q6_k() {
         k.matvec(GgmlType::Q6_K, nb * 256, &w, &xs[0], 0..rows, &mut y);
         std::hint::black_box(&mut y);
     });
+    if let Some(t5) = Token::detect_avx512() {
+        let new5 = best_of(5, &mut || {
+            for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+                *yi = dot_q6_k_q8_k_xn(t5, blocks(wr), [xb[0]])[0];
+            }
+            std::hint::black_box(&mut y);
+        });
+        let new2 = best_of(5, &mut || {
+            for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+                *yi = dot_q6_k_q8_k(t, blocks(wr), xb[0]);
+            }
+            std::hint::black_box(&mut y);
+        });
+        println!(
+            "  decode without matvec's prefetch: avx2 {:.2} ms, avx512 xn::<1> {:.2} ms",
+            new2 * 1e3,
+            new5 * 1e3
+        );
+    }
     println!(
         "q6_k decode {rows}x{} ({:.1} MB): old {:.2} ms ({:.2} GB/s), new matvec {:.2} ms ({:.2} GB/s), {:.2}x",
         nb * 256,
