@@ -371,8 +371,14 @@ pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     unsafe { dot_q5_k_q8_k_impl(w, x) }
 }
 
-pub(super) fn dot_q6_k_q8_k(_: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
+pub(super) fn dot_q6_k_q8_k(t: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
+    if t.avx512() {
+        let x = &x[..w.len()];
+        // SAFETY: see above (the token's AVX-512 features were detected); `x` has exactly
+        // `w.len()` blocks (the slice above panics otherwise).
+        return unsafe { super::avx512::dot_q6_k_q8_k_xn(w, [x])[0] };
+    }
     // SAFETY: see above.
     unsafe { dot_q6_k_q8_k_impl(w, x) }
 }

@@ -317,6 +317,15 @@ fn bench_q6_k() {
     let rows = 32000usize;
     let w = q6_k_row(&mut r, rows * nb, Fill::Random);
     let mut y = vec![0.0f32; rows];
+    for k in [Kernels::avx2(), Kernels::avx512()].into_iter().flatten() {
+        for _ in 0..2 {
+            let s = best_of(5, &mut || {
+                k.matvec(GgmlType::Q6_K, nb * 256, &w, &xs[0], 0..rows, &mut y);
+                std::hint::black_box(&mut y);
+            });
+            println!("  decode matvec {}: {:.2} ms", k.isa_name(), s * 1e3);
+        }
+    }
     let k = Kernels::avx2().unwrap();
     let old = best_of(5, &mut || {
         for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
