@@ -148,40 +148,157 @@ unsafe fn dot_q4_k_q8_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
-/// Q5_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`: lanes as Q4_K's; the min term is one
-/// integer per block, `dmin * it` summed in one f32 in block order and added after the `hsum`.
+// ---- Q5_K ----
+//
+// Lane `i` of a block: `sum_k sc[k] * sum(q * y)` over elements `4i..4i + 4` of every 32-element
+// sub-block `k`, q in 0..31 (`maddubs` pairs at most 2 * 31 * 128, no i16 saturation; a lane at
+// most 8 * 4 * 31 * 128 * 63). The min term per block: `sum_k m[k] * (bsum(2k) + bsum(2k + 1))`,
+// formed with `madd` in i32 (exact even for arbitrary i16 bsums, whose pair sums could wrap
+// in i16).
+
+/// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K / Q5_K block, unpacked from
+/// the 12 packed bytes with ggml's `utmp` word operations (= [`scale_min_k4`] for each `j`).
+#[inline(always)]
+fn k4_scales_mins(packed: &[u8; 12]) -> [u32; 4] {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let word = |k: usize| {
+        u32::from_le_bytes([
+            packed[4 * k],
+            packed[4 * k + 1],
+            packed[4 * k + 2],
+            packed[4 * k + 3],
+        ])
+    };
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    [
+        u0 & KMASK1,
+        (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4),
+        u1 & KMASK1,
+        ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4),
+    ]
+}
+
+/// [`k4_scales_mins`] as 16 i16: scales 0..8 in the low 128 bits, mins 0..8 in the high.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
+    let u = k4_scales_mins(packed).map(|v| v as i32);
+    _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0], u[1], u[2], u[3]))
+}
+
+/// `sum_k m[k] * (bsum(2k) + bsum(2k + 1))` of one block (`sm` from [`k4_scales_mins_i16`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_min_sum(bx: &BlockQ8_K, sm: __m256i) -> i32 {
+    let m = _mm256_extracti128_si256(sm, 1);
+    // Each min twice, beside bsums 2k and 2k + 1.
+    let m2 = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
+    // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); loadu has no alignment requirement.
+    let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
+    let p = _mm256_madd_epi16(bsums, m2);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Sub-block `k`'s scale in all 16 i16 lanes (`scales` = the 8 scales as i16 in both halves).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_scale(scales: __m256i, k: usize) -> __m256i {
+    let ctrl = (((2 * k + 1) << 8) | (2 * k)) as i16;
+    _mm256_shuffle_epi8(scales, _mm256_set1_epi16(ctrl))
+}
+
+/// Sub-blocks `2c` and `2c + 1` of a Q5_K block as unsigned bytes (0..31): nibbles of
+/// `qs[32c..32c + 32]`, with bits `2c` and `2c + 1` of `qh` (`qh_c` = `qh` shifted right by `2c`
+/// within each byte, so the bits are 0 and 1) as bit 4.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5k_pair(bw: &BlockQ5_K, c: usize, qh_c: __m256i) -> [__m256i; 2] {
+    assert!(c < 4);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m1 = _mm256_set1_epi8(1);
+    // SAFETY: c < 4, so `qs[32c..32c + 32]` is inside the block; loadu has no alignment
+    // requirement.
+    let q = _mm256_loadu_si256(bw.qs.as_ptr().add(32 * c).cast());
+    let h0 = _mm256_slli_epi16(_mm256_and_si256(qh_c, m1), 4);
+    let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh_c, 1), m1), 4);
+    [
+        _mm256_or_si256(_mm256_and_si256(q, m4), h0),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1),
+    ]
+}
+
+/// Q5_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`: the 8 lanes above with
+/// `fma(d_x * d_w, lane, acc)`; the min term `fma(-d_x * dmin, it, summs)` in block order,
+/// added after the `hsum`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_k_q8_k_impl(w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
-    let mut acc = [0.0f32; 8];
+    let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
     for (bw, bx) in w.iter().zip(x) {
         let d = bx.d() * f16_le(bw.d);
         let dmin = -bx.d() * f16_le(bw.dmin);
-        let mut sc = [0i32; 8];
-        let mut mins = 0i32;
-        for k in 0..8 {
-            let (s, m) = scale_min_k4(k, &bw.scales);
-            sc[k] = i32::from(s);
-            mins += i32::from(m) * (bx.bsum(2 * k) + bx.bsum(2 * k + 1));
-        }
-        summs = dmin.mul_add(mins as f32, summs);
-        let q = bw.quants();
-        let mut lanes = [0i32; 8];
-        for c in 0..8 {
-            for (i, l) in lanes.iter_mut().enumerate() {
-                let base = 32 * c + 4 * i;
-                let mut s = 0i32;
-                for e in base..base + 4 {
-                    s += i32::from(q[e]) * i32::from(bx.qs[e]);
-                }
-                *l += sc[c] * s;
+        let sm = k4_scales_mins_i16(&bw.scales);
+        summs = dmin.mul_add(k4_min_sum(bx, sm) as f32, summs);
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        // SAFETY: `qh` is 32 readable bytes; loadu has no alignment requirement.
+        let mut qh = _mm256_loadu_si256(bw.qh.as_ptr().cast());
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = q5k_pair(bw, c, qh);
+            qh = _mm256_srli_epi16(qh, 2);
+            for (j, qj) in q.into_iter().enumerate() {
+                let k = 2 * c + j;
+                let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx, k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, k4_scale(scales, k)));
             }
         }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(l as f32, *a);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc) + summs
+}
+
+/// [`dot_q5_k_q8_k_impl`] of one weight row with `N` activation rows: each block's quants and
+/// scales are unpacked once for all tokens; every token's lanes and f32 operations are the
+/// one-row kernel's.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ5_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summs = [0.0f32; N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let (dw, mw) = (f16_le(bw.d), f16_le(bw.dmin));
+        let sm = k4_scales_mins_i16(&bw.scales);
+        for t in 0..N {
+            let dmin = -bx[t].d() * mw;
+            summs[t] = dmin.mul_add(k4_min_sum(bx[t], sm) as f32, summs[t]);
+        }
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        // SAFETY: `qh` is 32 readable bytes; loadu has no alignment requirement.
+        let mut qh = _mm256_loadu_si256(bw.qh.as_ptr().cast());
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            let q = q5k_pair(bw, c, qh);
+            qh = _mm256_srli_epi16(qh, 2);
+            for (j, qj) in q.into_iter().enumerate() {
+                let k = 2 * c + j;
+                let sc = k4_scale(scales, k);
+                for t in 0..N {
+                    let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx[t], k));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+                }
+            }
+        }
+        for t in 0..N {
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
         }
     }
-    hsum8(&acc) + summs
+    std::array::from_fn(|t| hsum(acc[t]) + summs[t])
 }
 
 // ---- Q6_K ----
@@ -369,6 +486,21 @@ pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     // SAFETY: see above.
     unsafe { dot_q5_k_q8_k_impl(w, x) }
+}
+
+/// [`dot_q5_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q5_k_q8_k_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ5_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q5_k_q8_k_xn_impl(w, x) }
 }
 
 pub(super) fn dot_q6_k_q8_k(t: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {

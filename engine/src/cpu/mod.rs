@@ -1028,7 +1028,7 @@ impl Kernels {
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
             if !(matches!(
                 w_ty,
-                GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q6_K
+                GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q5_K | GgmlType::Q6_K
             ) || (w_ty == GgmlType::Q4_K && repacked))
             {
                 return false;
@@ -1083,6 +1083,7 @@ impl Kernels {
                 GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
                 // llama.cpp never repacks Q6_K on x86: any row count.
                 GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
+                GgmlType::Q5_K => rows_with!(avx2_quants::dot_q5_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }
             return true;
