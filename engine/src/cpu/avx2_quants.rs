@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::{hsum, Token};
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
-use super::q4_k::{scale_min_k4, BlockQ4_K};
+use super::q4_k::BlockQ4_K;
 use super::q5_0::BlockQ5_0;
 use super::q5_1::BlockQ5_1;
 use super::q5_k::BlockQ5_K;
@@ -108,46 +108,6 @@ unsafe fn dot_iq4_nl_q8_0_impl(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
     hsum8(&acc)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k_q8_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut acc_m = [0.0f32; 4];
-    for (bw, bx) in w.iter().zip(x) {
-        let d = bx.d() * f16_le(bw.d);
-        let dmin = -bx.d() * f16_le(bw.dmin);
-        let mut sc = [0i32; 8];
-        let mut mn = [0i32; 8];
-        for k in 0..8 {
-            let (s, m) = scale_min_k4(k, &bw.scales);
-            sc[k] = i32::from(s);
-            mn[k] = i32::from(m);
-        }
-        for (k, a) in acc_m.iter_mut().enumerate() {
-            let q8s0 = bx.bsum(4 * k) + bx.bsum(4 * k + 1);
-            let q8s1 = bx.bsum(4 * k + 2) + bx.bsum(4 * k + 3);
-            let prod = mn[2 * k] * q8s0 + mn[2 * k + 1] * q8s1;
-            *a = dmin.mul_add(prod as f32, *a);
-        }
-        let mut lanes = [0i32; 8];
-        for c in 0..4 {
-            let q = &bw.qs[32 * c..32 * c + 32];
-            let y = &bx.qs[64 * c..64 * c + 64];
-            for (i, l) in lanes.iter_mut().enumerate() {
-                let (mut lo, mut hi) = (0i32, 0i32);
-                for e in 4 * i..4 * i + 4 {
-                    lo += i32::from(q[e] & 0x0F) * i32::from(y[e]);
-                    hi += i32::from(q[e] >> 4) * i32::from(y[e + 32]);
-                }
-                *l += sc[2 * c] * lo + sc[2 * c + 1] * hi;
-            }
-        }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
-    }
-    hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-}
-
 // ---- Q5_K ----
 //
 // Lane `i` of a block: `sum_k sc[k] * sum(q * y)` over elements `4i..4i + 4` of every 32-element
@@ -157,7 +117,7 @@ unsafe fn dot_q4_k_q8_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
 // in i16).
 
 /// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K / Q5_K block, unpacked from
-/// the 12 packed bytes with ggml's `utmp` word operations (= [`scale_min_k4`] for each `j`).
+/// the 12 packed bytes with ggml's `utmp` word operations (= `q4_k::scale_min_k4` for each `j`).
 #[inline(always)]
 fn k4_scales_mins(packed: &[u8; 12]) -> [u32; 4] {
     const KMASK1: u32 = 0x3f3f_3f3f;
@@ -299,6 +259,110 @@ unsafe fn dot_q5_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ5_K], x: [&[BlockQ8_K
         }
     }
     std::array::from_fn(|t| hsum(acc[t]) + summs[t])
+}
+
+// ---- Q4_K (matrices llama.cpp does not repack) ----
+//
+// Lanes as Q5_K's without the fifth bit (`maddubs` pairs at most 2 * 15 * 128). The min term
+// keeps 4 f32 lanes: lane `k` gets `fma(-d_x * dmin, m[2k] * (bsum(4k) + bsum(4k + 1)) +
+// m[2k + 1] * (bsum(4k + 2) + bsum(4k + 3)), ..)` per block, folded `(a0 + a2) + (a1 + a3)` and
+// added after the `hsum` (ggml's `ggml_vec_dot_q4_K_q8_K`).
+
+/// The 4 integer min products of one block (`sm` from [`k4_scales_mins_i16`]), as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_min_products(bx: &BlockQ8_K, sm: __m256i) -> __m128 {
+    let m = _mm256_extracti128_si256(sm, 1);
+    let m2 = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
+    // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); loadu has no alignment requirement.
+    let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
+    // Lane j: m[j] * (bsum(2j) + bsum(2j + 1)); adjacent lanes summed: [p0+p1, p2+p3 | p4+p5, ..].
+    let p = _mm256_madd_epi16(bsums, m2);
+    let h = _mm256_hadd_epi32(p, p);
+    let prod = _mm_unpacklo_epi64(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    _mm_cvtepi32_ps(prod)
+}
+
+/// The 4 min lanes folded `(a0 + a2) + (a1 + a3)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold4(a: __m128) -> f32 {
+    let s = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Sub-blocks `2c` and `2c + 1` of a Q4_K block (the nibbles of `qs[32c..32c + 32]`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_pair(bw: &BlockQ4_K, c: usize) -> [__m256i; 2] {
+    assert!(c < 4);
+    let m4 = _mm256_set1_epi8(0x0F);
+    // SAFETY: c < 4, so `qs[32c..32c + 32]` is inside the block; loadu has no alignment
+    // requirement.
+    let q = _mm256_loadu_si256(bw.qs.as_ptr().add(32 * c).cast());
+    [
+        _mm256_and_si256(q, m4),
+        _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+    ]
+}
+
+/// Q4_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q4_K_q8_K` (see above).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let dmin = -bx.d() * f16_le(bw.dmin);
+        let sm = k4_scales_mins_i16(&bw.scales);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), q4k_min_products(bx, sm), acc_m);
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            for (j, qj) in q4k_pair(bw, c).into_iter().enumerate() {
+                let k = 2 * c + j;
+                let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx, k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, k4_scale(scales, k)));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc) + fold4(acc_m)
+}
+
+/// [`dot_q4_k_q8_k_impl`] of one weight row with `N` activation rows (each token's operations
+/// the one-row kernel's).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ4_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let (dw, mw) = (f16_le(bw.d), f16_le(bw.dmin));
+        let sm = k4_scales_mins_i16(&bw.scales);
+        for t in 0..N {
+            let dmin = -bx[t].d() * mw;
+            acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), q4k_min_products(bx[t], sm), acc_m[t]);
+        }
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            for (j, qj) in q4k_pair(bw, c).into_iter().enumerate() {
+                let k = 2 * c + j;
+                let sc = k4_scale(scales, k);
+                for t in 0..N {
+                    let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx[t], k));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+                }
+            }
+        }
+        for t in 0..N {
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum(acc[t]) + fold4(acc_m[t]))
 }
 
 // ---- Q6_K ----
@@ -480,6 +544,21 @@ pub(super) fn dot_q4_k_q8_k(_: Token, w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     // SAFETY: see above.
     unsafe { dot_q4_k_q8_k_impl(w, x) }
+}
+
+/// [`dot_q4_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q4_k_q8_k_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ4_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_k_q8_k_xn_impl(w, x) }
 }
 
 pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {

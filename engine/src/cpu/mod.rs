@@ -1026,11 +1026,15 @@ impl Kernels {
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
-            if !(matches!(
+            if !matches!(
                 w_ty,
-                GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q5_K | GgmlType::Q6_K
-            ) || (w_ty == GgmlType::Q4_K && repacked))
-            {
+                GgmlType::Q4_1
+                    | GgmlType::Q4_0
+                    | GgmlType::Q8_0
+                    | GgmlType::Q4_K
+                    | GgmlType::Q5_K
+                    | GgmlType::Q6_K
+            ) {
                 return false;
             }
             assert!(
@@ -1080,7 +1084,8 @@ impl Kernels {
                     }
                 }
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
-                GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
+                GgmlType::Q4_K if repacked => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
+                GgmlType::Q4_K => rows_with!(avx2_quants::dot_q4_k_q8_k_xn),
                 // llama.cpp never repacks Q6_K on x86: any row count.
                 GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
                 GgmlType::Q5_K => rows_with!(avx2_quants::dot_q5_k_q8_k_xn),

@@ -77,6 +77,47 @@ unsafe fn reference_dot_q5_k_q8_k(w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     hsum8(&acc) + summs
 }
 
+/// The plain-loop Q4_K kernel the intrinsics replaced.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reference_dot_q4_k_q8_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut acc_m = [0.0f32; 4];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let dmin = -bx.d() * f16_le(bw.dmin);
+        let mut sc = [0i32; 8];
+        let mut mn = [0i32; 8];
+        for k in 0..8 {
+            let (s, m) = scale_min_k4(k, &bw.scales);
+            sc[k] = i32::from(s);
+            mn[k] = i32::from(m);
+        }
+        for (k, a) in acc_m.iter_mut().enumerate() {
+            let q8s0 = bx.bsum(4 * k) + bx.bsum(4 * k + 1);
+            let q8s1 = bx.bsum(4 * k + 2) + bx.bsum(4 * k + 3);
+            let prod = mn[2 * k] * q8s0 + mn[2 * k + 1] * q8s1;
+            *a = dmin.mul_add(prod as f32, *a);
+        }
+        let mut lanes = [0i32; 8];
+        for c in 0..4 {
+            let q = &bw.qs[32 * c..32 * c + 32];
+            let y = &bx.qs[64 * c..64 * c + 64];
+            for (i, l) in lanes.iter_mut().enumerate() {
+                let (mut lo, mut hi) = (0i32, 0i32);
+                for e in 4 * i..4 * i + 4 {
+                    lo += i32::from(q[e] & 0x0F) * i32::from(y[e]);
+                    hi += i32::from(q[e] >> 4) * i32::from(y[e + 32]);
+                }
+                *l += sc[2 * c] * lo + sc[2 * c + 1] * hi;
+            }
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
 fn token() -> Option<Token> {
     let t = Token::detect();
     if t.is_none() {
@@ -89,6 +130,12 @@ fn reference_q6_k(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     assert!(token().is_some());
     // SAFETY: AVX2, FMA and F16C were detected just above.
     unsafe { reference_dot_q6_k_q8_k(w, x) }
+}
+
+fn reference_q4_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+    assert!(token().is_some());
+    // SAFETY: AVX2, FMA and F16C were detected just above.
+    unsafe { reference_dot_q4_k_q8_k(w, x) }
 }
 
 fn reference_q5_k(w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
@@ -137,6 +184,25 @@ fn q6_k_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
 fn q5_k_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
     let mut w = r.bytes(nb * 176);
     for b in w.chunks_mut(176) {
+        match fill {
+            Fill::Random => {}
+            Fill::Max | Fill::Mixed => b[4..].fill(0xFF),
+            Fill::Min => b[4..].fill(0),
+        }
+        let (d, m) = match fill {
+            Fill::Random => (r.f32(0.05), r.f32(0.05)),
+            _ => (60000.0, -60000.0),
+        };
+        b[..2].copy_from_slice(&f16_le_bytes(d));
+        b[2..4].copy_from_slice(&f16_le_bytes(m));
+    }
+    w
+}
+
+/// Q4_K blocks, filled as [`q5_k_row`].
+fn q4_k_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
+    let mut w = r.bytes(nb * 144);
+    for b in w.chunks_mut(144) {
         match fill {
             Fill::Random => {}
             Fill::Max | Fill::Mixed => b[4..].fill(0xFF),
@@ -271,12 +337,55 @@ fn q5_k_kernels_equal_the_reference_bit_for_bit() {
     }
 }
 
+#[test]
+fn q4_k_kernels_equal_the_reference_bit_for_bit() {
+    if token().is_none() {
+        return;
+    }
+    let tokens: Vec<Token> = [Token::detect(), Token::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut r = Rng::new(68);
+    for fill in FILLS {
+        for nb in BLOCK_COUNTS {
+            for _ in 0..8 {
+                let w = q4_k_row(&mut r, nb, fill);
+                let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_k_row(&mut r, nb, fill)).collect();
+                let wb: &[BlockQ4_K] = blocks(&w);
+                let xb: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                let want = xb.map(|x| reference_q4_k(wb, x));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                for &t in &tokens {
+                    let a = t.avx512();
+                    let one = xb.map(|x| dot_q4_k_q8_k(t, wb, x));
+                    let one_n = xb.map(|x| dot_q4_k_q8_k_xn(t, wb, [x])[0]);
+                    let four = dot_q4_k_q8_k_xn(t, wb, xb);
+                    let two = dot_q4_k_q8_k_xn(t, wb, [xb[0], xb[1]]);
+                    assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&one_n), bits(&want), "xn::<1> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&two), bits(&want[..2]), "xn::<2> {fill:?} nb={nb} {a}");
+                }
+            }
+        }
+    }
+}
+
 /// `Kernels::vec_dot`, `matvec` (row counts that are not multiples of 8 or 16, row ranges not
 /// starting at 0) and `matvec_tokens` of every x86 SIMD set equal the reference per row.
 #[test]
 fn q6_k_dispatch_equals_the_reference_bit_for_bit() {
     dispatch_equals_the_reference(GgmlType::Q6_K, 62, q6_k_row, |w, x| {
         reference_q6_k(blocks(w), blocks(x))
+    });
+}
+
+/// Row counts that are not multiples of 8 only: llama.cpp repacks the others (`repack.rs`).
+#[test]
+fn q4_k_dispatch_equals_the_reference_bit_for_bit() {
+    dispatch_equals_the_reference(GgmlType::Q4_K, 69, q4_k_row, |w, x| {
+        reference_q4_k(blocks(w), blocks(x))
     });
 }
 
@@ -304,7 +413,7 @@ fn dispatch_equals_the_reference(
         .collect();
     let mut r = Rng::new(seed);
     for fill in FILLS {
-        for (nb, rows) in [(1usize, 3usize), (2, 17), (3, 9), (7, 20), (9, 33)] {
+        for (nb, rows) in [(1usize, 3usize), (2, 17), (3, 9), (7, 21), (9, 33)] {
             let n = nb * 256;
             let rb = nb * ty.block_bytes();
             let w: Vec<u8> = (0..rows).flat_map(|_| row(&mut r, nb, fill)).collect();
@@ -603,4 +712,63 @@ fn bench_q5_k() {
         );
     }
     println!();
+}
+
+/// Q4_K (the kernels for matrices llama.cpp does not repack): old against new, prefill-shaped.
+/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_q4_k() {
+    use std::time::Instant;
+    let Some(t) = token() else { return };
+    let mut r = Rng::new(70);
+    let best_of = |reps: usize, f: &mut dyn FnMut()| {
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let s = Instant::now();
+            f();
+            best = best.min(s.elapsed().as_secs_f64());
+        }
+        best
+    };
+    let (rows, nb) = (255usize, 8usize);
+    let rb = nb * 144;
+    let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_k_row(&mut r, nb, Fill::Random)).collect();
+    let xb: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+    let w = q4_k_row(&mut r, rows * nb, Fill::Random);
+    let mut y = vec![0.0f32; 4 * rows];
+    let old = best_of(20, &mut || {
+        for (i, wr) in w.chunks_exact(rb).enumerate() {
+            for k in 0..4 {
+                y[k * rows + i] = reference_q4_k(blocks(wr), xb[k]);
+            }
+        }
+        std::hint::black_box(&mut y);
+    });
+    let one = best_of(20, &mut || {
+        for (i, wr) in w.chunks_exact(rb).enumerate() {
+            for k in 0..4 {
+                y[k * rows + i] = dot_q4_k_q8_k(t, blocks(wr), xb[k]);
+            }
+        }
+        std::hint::black_box(&mut y);
+    });
+    let four = best_of(20, &mut || {
+        for (i, wr) in w.chunks_exact(rb).enumerate() {
+            let v = dot_q4_k_q8_k_xn(t, blocks(wr), xb);
+            for k in 0..4 {
+                y[k * rows + i] = v[k];
+            }
+        }
+        std::hint::black_box(&mut y);
+    });
+    println!(
+        "q4_k prefill 4 tok x {rows}x{}: old {:.1} us, 1-token {:.1} us ({:.2}x), xn::<4> {:.1} us ({:.2}x)",
+        nb * 256,
+        old * 1e6,
+        one * 1e6,
+        old / one,
+        four * 1e6,
+        old / four
+    );
 }
