@@ -13,9 +13,13 @@
 //! has its own 4-lane accumulator (`madd` of the mins with pair sums of `bsums`), folded
 //! `(a0 + a2) + (a1 + a3)` and added last.
 //!
-//! The integer parts are written as plain loops (the compiler vectorizes them); the float order
-//! is what matters and is explicit. The functions are compiled with FMA, so `mul_add` is one
-//! fused instruction, as `_mm256_fmadd_ps` is.
+//! Q5_0, Q5_1 and IQ4_NL write the integer parts as plain loops (the compiler vectorizes them);
+//! Q4_K, Q5_K and Q6_K, whose unpacking the compiler vectorized poorly, use ggml's intrinsics
+//! (their plain-loop versions are the references in `avx2_quants/tests.rs`) and have `_xn`
+//! variants that unpack each weight block once for several tokens (prefill); on AVX-512 VNNI
+//! CPUs Q5_K and Q6_K run the kernels of `avx512.rs`. The integer lanes are exact whatever the
+//! grouping; the float order is what matters and is explicit. The functions are compiled with
+//! FMA, so `mul_add` is one fused instruction, as `_mm256_fmadd_ps` is.
 
 // Indexing mirrors ggml's block layout (several arrays addressed by one element index).
 #![allow(clippy::needless_range_loop)]
@@ -142,14 +146,14 @@ fn k4_scales_mins(packed: &[u8; 12]) -> [u32; 4] {
 
 /// [`k4_scales_mins`] as 16 i16: scales 0..8 in the low 128 bits, mins 0..8 in the high.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
+pub(super) unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
     let u = k4_scales_mins(packed).map(|v| v as i32);
     _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0], u[1], u[2], u[3]))
 }
 
 /// `sum_k m[k] * (bsum(2k) + bsum(2k + 1))` of one block (`sm` from [`k4_scales_mins_i16`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_min_sum(bx: &BlockQ8_K, sm: __m256i) -> i32 {
+pub(super) unsafe fn k4_min_sum(bx: &BlockQ8_K, sm: __m256i) -> i32 {
     let m = _mm256_extracti128_si256(sm, 1);
     // Each min twice, beside bsums 2k and 2k + 1.
     let m2 = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
@@ -561,8 +565,14 @@ pub(super) fn dot_q4_k_q8_k_xn<const N: usize>(
     unsafe { dot_q4_k_q8_k_xn_impl(w, x) }
 }
 
-pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
+pub(super) fn dot_q5_k_q8_k(t: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
+    if t.avx512() {
+        let x = &x[..w.len()];
+        // SAFETY: see above (the token's AVX-512 features were detected); `x` has exactly
+        // `w.len()` blocks (the slice above panics otherwise).
+        return unsafe { super::avx512::dot_q5_k_q8_k_xn(w, [x])[0] };
+    }
     // SAFETY: see above.
     unsafe { dot_q5_k_q8_k_impl(w, x) }
 }
@@ -570,7 +580,7 @@ pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
 /// [`dot_q5_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
 /// calls of it). Panics if an activation row is shorter than the weight row.
 pub(super) fn dot_q5_k_q8_k_xn<const N: usize>(
-    _: Token,
+    t: Token,
     w: &[BlockQ5_K],
     x: [&[BlockQ8_K]; N],
 ) -> [f32; N] {
@@ -578,6 +588,10 @@ pub(super) fn dot_q5_k_q8_k_xn<const N: usize>(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
+    if t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q5_k_q8_k_xn(w, x) };
+    }
     // SAFETY: see above; lengths checked.
     unsafe { dot_q5_k_q8_k_xn_impl(w, x) }
 }

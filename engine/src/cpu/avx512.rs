@@ -12,7 +12,8 @@
 //! Q6_K is laid out differently: one token's two 32-element chunks per register (its unpacking
 //! is costly, so 64 elements per instruction pay for themselves), for one token too; decoding a
 //! 54 MB Q6_K head measured 1.2x faster than the AVX2 kernel (2.6 against 3.1 ms). Two weight
-//! rows per call sharing the activation loads measured slower (3.4 ms) and were dropped.
+//! rows per call sharing the activation loads measured slower (3.4 ms) and were dropped. Q5_K
+//! likewise holds one token's sub-block pair (64 elements) per register.
 //!
 //! Only reachable through an [`super::avx2::Token`] whose `avx512()` is true, which
 //! [`super::avx2::Token::detect_avx512`] grants after run-time detection.
@@ -24,9 +25,10 @@ use super::q4_1::BlockQ4_1;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
 use super::q8_k::BlockQ8_K;
-use super::{f16_le, q6_k::BlockQ6_K};
+use super::{f16_le, q5_k::BlockQ5_K, q6_k::BlockQ6_K};
 // AVX2 helpers: their features are a subset of this file's, so they inline here.
 use super::avx2::{hsum, load_q8, nibbles};
+use super::avx2_quants::{k4_min_sum, k4_scales_mins_i16};
 
 /// Whether this CPU runs the kernels in this file.
 pub(super) fn detected() -> bool {
@@ -252,4 +254,74 @@ pub(super) unsafe fn dot_q6_k_q8_k_xn<const N: usize>(
     }
     // SAFETY: AVX2 is among this function's features.
     acc.map(|a| unsafe { hsum(a) })
+}
+
+/// Q5_K . Q8_K of one weight row with `N` tokens, each token's sub-blocks `2c` and `2c + 1`
+/// (64 consecutive elements) in one 512-bit register: the nibbles of `qs[32c..32c + 32]` in
+/// both halves (low, high), the fifth bit added under a byte mask from `qh`, `vpdpwssd` with the
+/// two sub-block scales. The lanes are the AVX2 kernel's exact integers and the f32 operations
+/// per token its `fma`s, `hsum` and min sum, so the results are its bits.
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; every `x[t].len() >= w.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q5_k_q8_k_xn<const N: usize>(
+    w: &[BlockQ5_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    // Low half: low nibbles (sub-block 2c); high half: high nibbles (2c + 1).
+    let nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summs = [0.0f32; N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let (dw, mw) = (f16_le(bw.d), f16_le(bw.dmin));
+        // SAFETY: AVX2 is among this function's features.
+        let sm = unsafe { k4_scales_mins_i16(&bw.scales) };
+        for t in 0..N {
+            let dmin = -bx[t].d() * mw;
+            // SAFETY: AVX2 is among this function's features.
+            summs[t] = dmin.mul_add(unsafe { k4_min_sum(bx[t], sm) } as f32, summs[t]);
+        }
+        let sm512 = _mm512_castsi256_si512(sm);
+        // SAFETY: `qh` is 32 readable bytes; loadu has no alignment requirement.
+        let qhh = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(bw.qh.as_ptr().cast()) });
+        let mut sumi = [[_mm512_setzero_si512(); N]; 2];
+        for c in 0..4 {
+            // SAFETY: c < 4, so `qs[32c..32c + 32]` is inside the block; loadu has no alignment
+            // requirement.
+            let qs = _mm512_broadcast_i64x4(unsafe {
+                _mm256_loadu_si256(bw.qs.as_ptr().add(32 * c).cast())
+            });
+            let nib = _mm512_and_si512(_mm512_srlv_epi16(qs, nibble_shift), m4);
+            let bits = _mm512_inserti64x4(
+                _mm512_set1_epi8(1 << (2 * c)),
+                _mm256_set1_epi8(1 << (2 * c + 1)),
+                1,
+            );
+            let q = _mm512_mask_add_epi8(nib, _mm512_test_epi8_mask(qhh, bits), nib, sixteen);
+            let c16 = 2 * c as i16;
+            let idx = _mm512_inserti64x4(_mm512_set1_epi16(c16), _mm256_set1_epi16(c16 + 1), 1);
+            let sc = _mm512_permutexvar_epi16(idx, sm512);
+            for t in 0..N {
+                // SAFETY: c < 4, so `qs[64c..64c + 64]` is inside the 256 quants; loadu has no
+                // alignment requirement.
+                let y = unsafe { _mm512_loadu_si512(bx[t].qs.as_ptr().add(64 * c).cast()) };
+                let s = &mut sumi[c % 2][t];
+                *s = _mm512_dpwssd_epi32(*s, _mm512_maddubs_epi16(q, y), sc);
+            }
+        }
+        for t in 0..N {
+            let s = _mm512_add_epi32(sumi[0][t], sumi[1][t]);
+            let lanes =
+                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    // SAFETY: AVX2 is among this function's features.
+    std::array::from_fn(|t| unsafe { hsum(acc[t]) } + summs[t])
 }
