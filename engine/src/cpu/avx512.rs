@@ -200,9 +200,18 @@ pub(super) unsafe fn dot_q6_k_q8_k_xn<const N: usize>(
         // SAFETY: `scales` is 16 readable bytes; loadu has no alignment requirement.
         let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(bw.scales.as_ptr().cast()) });
         let sc512 = _mm512_castsi256_si512(sc16);
+        // The offset `-32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])` starts lane `i`
+        // of the even chunks' accumulator: one `madd` with `-32 * sc` (at most 4096: fits i16;
+        // the pair sum at most 2 * 32768 * 4096 fits i32).
+        let neg_sc32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
         // Chunk pairs (4h, 4h + 1) and (4h + 2, 4h + 3) accumulate apart: two short
         // `vpdpwssd` dependency chains instead of one long one.
-        let mut sumi01 = [_mm512_setzero_si512(); N];
+        let mut sumi01 = bx.map(|b| {
+            // SAFETY: `bsums` is 16 little-endian i16 (32 bytes), as x86 loads them; loadu has
+            // no alignment requirement.
+            let bsums = unsafe { _mm256_loadu_si256(b.bsums.as_ptr().cast()) };
+            _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, neg_sc32))
+        });
         let mut sumi23 = [_mm512_setzero_si512(); N];
         for h in 0..2 {
             // SAFETY: h < 2, so `ql[64h..64h + 64]` and `qh[32h..32h + 32]` are inside the
@@ -241,13 +250,8 @@ pub(super) unsafe fn dot_q6_k_q8_k_xn<const N: usize>(
         }
         for t in 0..N {
             let s = _mm512_add_epi32(sumi01[t], sumi23[t]);
-            let even_odd =
+            let lanes =
                 _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
-            // SAFETY: `bsums` is 16 little-endian i16 (32 bytes), as x86 loads them; loadu has
-            // no alignment requirement.
-            let bsums = unsafe { _mm256_loadu_si256(bx[t].bsums.as_ptr().cast()) };
-            let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-            let lanes = _mm256_sub_epi32(even_odd, offset);
             let d = bx[t].d() * dw;
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
         }
