@@ -376,42 +376,34 @@ unsafe fn dot_q4_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ4_K], x: [&[BlockQ8_K
 // scaled by the chunk's sub-block scale (`2c` for `i < 4`, `2c + 1` for `i >= 4`), summed over
 // the 8 chunks; minus `32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])`. The lanes differ
 // from a signed sum's, but each is an exact integer, so any grouping of the integer work gives
-// the same lanes. Bounds: `maddubs` pairs are at most 2 * 63 * 128 = 16128 (no i16 saturation),
-// `madd` with an i8 scale at most 2 * 16128 * 128 per pair of pairs, a lane at most
-// 8 * 4 * 63 * 128 * 128 plus the offset's 32 * 2 * 32768 * 128 (even for arbitrary i16 bsums):
-// far inside i32.
+// the same lanes (the offset is where each block's lanes start). Bounds: `maddubs` pairs are at
+// most 2 * 63 * 128 = 16128 (no i16 saturation), `madd` with an i8 scale at most
+// 2 * 16128 * 128 per pair of pairs, a lane at most 8 * 4 * 63 * 128 * 128 plus the offset's
+// 32 * 2 * 32768 * 128 (even for arbitrary i16 bsums): far inside i32.
 
-/// `pshufb` controls, one per 32-element chunk `c`, picking sub-block scale `2c` into bytes 0..8
-/// and `2c + 1` into bytes 8..16 (ggml's `get_scale_shuffle`).
-static Q6K_SCALE_SHUFFLE: [[u8; 16]; 8] = {
-    let mut t = [[0u8; 16]; 8];
-    let mut c = 0;
-    while c < 8 {
-        let mut j = 0;
-        while j < 16 {
-            t[c][j] = (2 * c + j / 8) as u8;
-            j += 1;
-        }
-        c += 1;
-    }
-    t
-};
-
-/// The i16 multipliers of chunk `c`'s 16 `maddubs` pair sums: `[sc[2c]; 8]` then
-/// `[sc[2c + 1]; 8]`, from the block's 16 scales loaded as bytes.
+/// The block's 16 scales as i16: `[sc0..8, sc0..8]` and `[sc8..16, sc8..16]` (each 128-bit half
+/// the same 8 scales, for [`q6k_chunk_scales`]), and the offset multipliers `-32 * sc` in
+/// element order (at most 4096: fits i16).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_chunk_scales(scales: __m128i, c: usize) -> __m256i {
-    // SAFETY: `Q6K_SCALE_SHUFFLE[c]` is 16 readable bytes (indexing checks `c`); loadu has no
-    // alignment requirement.
-    let ctrl = _mm_loadu_si128(Q6K_SCALE_SHUFFLE[c].as_ptr().cast());
-    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, ctrl))
+unsafe fn q6k_scales(bw: &BlockQ6_K) -> ([__m256i; 2], __m256i) {
+    // SAFETY: `scales` is 16 readable bytes; loadu has no alignment requirement.
+    let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bw.scales.as_ptr().cast()));
+    let halves = [
+        _mm256_permute2x128_si256(sc16, sc16, 0x00),
+        _mm256_permute2x128_si256(sc16, sc16, 0x11),
+    ];
+    let neg_sc32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+    (halves, neg_sc32)
 }
 
-/// The block's 16 scales as bytes.
+/// The i16 multipliers of chunk `c`'s 16 `maddubs` pair sums: `[sc[2c]; 8]` then
+/// `[sc[2c + 1]; 8]`; one in-lane `pshufb` of the half of [`q6k_scales`] holding them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_scales(bw: &BlockQ6_K) -> __m128i {
-    // SAFETY: `scales` is 16 readable bytes; loadu has no alignment requirement.
-    _mm_loadu_si128(bw.scales.as_ptr().cast())
+unsafe fn q6k_chunk_scales(halves: &[__m256i; 2], c: usize) -> __m256i {
+    // i16 element `e` (sub-block 2c within its half of 8) in the low lane, `e + 1` in the high.
+    let e = ((2 * c) % 8) as i16;
+    let pick = |e: i16| _mm_set1_epi16(((2 * e + 1) << 8) | (2 * e));
+    _mm256_shuffle_epi8(halves[c / 4], _mm256_setr_m128i(pick(e), pick(e + 1)))
 }
 
 /// The four 32-quant chunks of half `h` (0 or 1) of a Q6_K block, elements `128h + 32k..` in
@@ -453,14 +445,15 @@ unsafe fn q8k_chunk(bx: &BlockQ8_K, c: usize) -> __m256i {
     _mm256_loadu_si256(bx.qs.as_ptr().add(32 * c).cast())
 }
 
-/// The unsigned quants' offset per lane: `32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])`
-/// (`sc16` = the 16 scales as i16).
+/// The unsigned quants' offset per lane, `-32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])`
+/// (`neg_sc32` from [`q6k_scales`]; the pair sums at most 2 * 32768 * 4096 fit i32): where each
+/// block's lanes start.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_offset(bx: &BlockQ8_K, sc16: __m256i) -> __m256i {
+unsafe fn q6k_offset(bx: &BlockQ8_K, neg_sc32: __m256i) -> __m256i {
     // SAFETY: `bsums` is 16 little-endian i16 (32 bytes), as x86 loads them; loadu has no
     // alignment requirement.
     let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
-    _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5)
+    _mm256_madd_epi16(bsums, neg_sc32)
 }
 
 /// Q6_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`: per block the 8 lanes above, then
@@ -470,17 +463,16 @@ unsafe fn dot_q6_k_q8_k_impl(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bw, bx) in w.iter().zip(x) {
         let d = bx.d() * f16_le(bw.d);
-        let scales = q6k_scales(bw);
-        let mut sumi = _mm256_setzero_si256();
+        let (scales, neg_sc32) = q6k_scales(bw);
+        let mut lanes = q6k_offset(bx, neg_sc32);
         for h in 0..2 {
             let q = q6k_half_quants(bw, h);
             for (k, qk) in q.into_iter().enumerate() {
                 let c = 4 * h + k;
                 let p = _mm256_maddubs_epi16(qk, q8k_chunk(bx, c));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, q6k_chunk_scales(scales, c)));
+                lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(p, q6k_chunk_scales(&scales, c)));
             }
         }
-        let lanes = _mm256_sub_epi32(sumi, q6k_offset(bx, _mm256_cvtepi8_epi16(scales)));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
     }
     hsum(acc)
@@ -499,22 +491,20 @@ unsafe fn dot_q6_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ6_K], x: [&[BlockQ8_K
         // SAFETY: i < w.len() <= x[t].len() (caller).
         let bx = x.map(|r| unsafe { r.get_unchecked(i) });
         let dw = f16_le(bw.d);
-        let scales = q6k_scales(bw);
-        let mut sumi = [_mm256_setzero_si256(); N];
+        let (scales, neg_sc32) = q6k_scales(bw);
+        let mut lanes = bx.map(|b| q6k_offset(b, neg_sc32));
         for h in 0..2 {
             let q = q6k_half_quants(bw, h);
             for (k, qk) in q.into_iter().enumerate() {
                 let c = 4 * h + k;
-                let sc = q6k_chunk_scales(scales, c);
+                let sc = q6k_chunk_scales(&scales, c);
                 for t in 0..N {
                     let p = _mm256_maddubs_epi16(qk, q8k_chunk(bx[t], c));
-                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+                    lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(p, sc));
                 }
             }
         }
-        let sc16 = _mm256_cvtepi8_epi16(scales);
-        for t in 0..N {
-            let lanes = _mm256_sub_epi32(sumi[t], q6k_offset(bx[t], sc16));
+        for (t, lanes) in lanes.into_iter().enumerate() {
             let d = bx[t].d() * dw;
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
         }

@@ -431,8 +431,8 @@ impl Kernels {
     /// this build have them; `neon` is the best NEON variant (with `sdot` where the CPU has the
     /// dot-product instructions). Activation rounding is [`Q8Rounding::GgmlRef`]; use
     /// [`Kernels::with_q8_rounding`] (with [`Q8Rounding::host`] to match [`Kernels::detect`]).
-    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0 and Q4_1, which
-    /// give the same bits.
+    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0, Q4_1, Q5_K and
+    /// Q6_K, which give the same bits.
     pub fn by_name(name: &str) -> Option<Kernels> {
         match name {
             "scalar" => Some(Kernels::scalar()),
