@@ -13,7 +13,8 @@
 //! is costly, so 64 elements per instruction pay for themselves), for one token too; decoding a
 //! 54 MB Q6_K head measured 1.2x faster than the AVX2 kernel (2.6 against 3.1 ms). Two weight
 //! rows per call sharing the activation loads measured slower (3.4 ms) and were dropped. Q5_K
-//! likewise holds one token's sub-block pair (64 elements) per register.
+//! likewise holds one token's sub-block pair (64 elements) per register, for prefill only (with
+//! one token it measured 5% slower than AVX2 in cache, the same from memory).
 //!
 //! Only reachable through an [`super::avx2::Token`] whose `avx512()` is true, which
 //! [`super::avx2::Token::detect_avx512`] grants after run-time detection.
