@@ -13,16 +13,22 @@
 //! has its own 4-lane accumulator (`madd` of the mins with pair sums of `bsums`), folded
 //! `(a0 + a2) + (a1 + a3)` and added last.
 //!
-//! The integer parts are written as plain loops (the compiler vectorizes them); the float order
-//! is what matters and is explicit. The functions are compiled with FMA, so `mul_add` is one
-//! fused instruction, as `_mm256_fmadd_ps` is.
+//! Q5_0, Q5_1 and IQ4_NL write the integer parts as plain loops (the compiler vectorizes them);
+//! Q4_K, Q5_K and Q6_K, whose unpacking the compiler vectorized poorly, use ggml's intrinsics
+//! (their plain-loop versions are the references in `avx2_quants/tests.rs`) and have `_xn`
+//! variants that unpack each weight block once for several tokens (prefill); on AVX-512 VNNI
+//! CPUs Q5_K and Q6_K run the kernels of `avx512.rs`. The integer lanes are exact whatever the
+//! grouping; the float order is what matters and is explicit. The functions are compiled with
+//! FMA, so `mul_add` is one fused instruction, as `_mm256_fmadd_ps` is.
 
 // Indexing mirrors ggml's block layout (several arrays addressed by one element index).
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2::Token;
+use std::arch::x86_64::*;
+
+use super::avx2::{hsum, Token};
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
-use super::q4_k::{scale_min_k4, BlockQ4_K};
+use super::q4_k::BlockQ4_K;
 use super::q5_0::BlockQ5_0;
 use super::q5_1::BlockQ5_1;
 use super::q5_k::BlockQ5_K;
@@ -106,111 +112,404 @@ unsafe fn dot_iq4_nl_q8_0_impl(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
     hsum8(&acc)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k_q8_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut acc_m = [0.0f32; 4];
-    for (bw, bx) in w.iter().zip(x) {
-        let d = bx.d() * f16_le(bw.d);
-        let dmin = -bx.d() * f16_le(bw.dmin);
-        let mut sc = [0i32; 8];
-        let mut mn = [0i32; 8];
-        for k in 0..8 {
-            let (s, m) = scale_min_k4(k, &bw.scales);
-            sc[k] = i32::from(s);
-            mn[k] = i32::from(m);
-        }
-        for (k, a) in acc_m.iter_mut().enumerate() {
-            let q8s0 = bx.bsum(4 * k) + bx.bsum(4 * k + 1);
-            let q8s1 = bx.bsum(4 * k + 2) + bx.bsum(4 * k + 3);
-            let prod = mn[2 * k] * q8s0 + mn[2 * k + 1] * q8s1;
-            *a = dmin.mul_add(prod as f32, *a);
-        }
-        let mut lanes = [0i32; 8];
-        for c in 0..4 {
-            let q = &bw.qs[32 * c..32 * c + 32];
-            let y = &bx.qs[64 * c..64 * c + 64];
-            for (i, l) in lanes.iter_mut().enumerate() {
-                let (mut lo, mut hi) = (0i32, 0i32);
-                for e in 4 * i..4 * i + 4 {
-                    lo += i32::from(q[e] & 0x0F) * i32::from(y[e]);
-                    hi += i32::from(q[e] >> 4) * i32::from(y[e + 32]);
-                }
-                *l += sc[2 * c] * lo + sc[2 * c + 1] * hi;
-            }
-        }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
-    }
-    hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+// ---- Q5_K ----
+//
+// Lane `i` of a block: `sum_k sc[k] * sum(q * y)` over elements `4i..4i + 4` of every 32-element
+// sub-block `k`, q in 0..31 (`maddubs` pairs at most 2 * 31 * 128, no i16 saturation; a lane at
+// most 8 * 4 * 31 * 128 * 63). The min term per block: `sum_k m[k] * (bsum(2k) + bsum(2k + 1))`,
+// formed with `madd` in i32 (exact even for arbitrary i16 bsums, whose pair sums could wrap
+// in i16).
+
+/// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K / Q5_K block, unpacked from
+/// the 12 packed bytes with ggml's `utmp` word operations (= `q4_k::scale_min_k4` for each `j`).
+#[inline(always)]
+fn k4_scales_mins(packed: &[u8; 12]) -> [u32; 4] {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let word = |k: usize| {
+        u32::from_le_bytes([
+            packed[4 * k],
+            packed[4 * k + 1],
+            packed[4 * k + 2],
+            packed[4 * k + 3],
+        ])
+    };
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    [
+        u0 & KMASK1,
+        (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4),
+        u1 & KMASK1,
+        ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4),
+    ]
 }
 
-/// Q5_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`: lanes as Q4_K's; the min term is one
-/// integer per block, `dmin * it` summed in one f32 in block order and added after the `hsum`.
+/// [`k4_scales_mins`] as 16 i16: scales 0..8 in the low 128 bits, mins 0..8 in the high.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
+    let u = k4_scales_mins(packed).map(|v| v as i32);
+    _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0], u[1], u[2], u[3]))
+}
+
+/// `sum_k m[k] * (bsum(2k) + bsum(2k + 1))` of one block (`sm` from [`k4_scales_mins_i16`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_min_sum(bx: &BlockQ8_K, sm: __m256i) -> i32 {
+    let m = _mm256_extracti128_si256(sm, 1);
+    // Each min twice, beside bsums 2k and 2k + 1.
+    let m2 = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
+    // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); loadu has no alignment requirement.
+    let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
+    let p = _mm256_madd_epi16(bsums, m2);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Sub-block `k`'s scale in all 16 i16 lanes (`scales` = the 8 scales as i16 in both halves).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_scale(scales: __m256i, k: usize) -> __m256i {
+    let ctrl = (((2 * k + 1) << 8) | (2 * k)) as i16;
+    _mm256_shuffle_epi8(scales, _mm256_set1_epi16(ctrl))
+}
+
+/// Sub-blocks `2c` and `2c + 1` of a Q5_K block as unsigned bytes (0..31): nibbles of
+/// `qs[32c..32c + 32]`, with bits `2c` and `2c + 1` of `qh` (`qh_c` = `qh` shifted right by `2c`
+/// within each byte, so the bits are 0 and 1) as bit 4.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5k_pair(bw: &BlockQ5_K, c: usize, qh_c: __m256i) -> [__m256i; 2] {
+    assert!(c < 4);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m1 = _mm256_set1_epi8(1);
+    // SAFETY: c < 4, so `qs[32c..32c + 32]` is inside the block; loadu has no alignment
+    // requirement.
+    let q = _mm256_loadu_si256(bw.qs.as_ptr().add(32 * c).cast());
+    let h0 = _mm256_slli_epi16(_mm256_and_si256(qh_c, m1), 4);
+    let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh_c, 1), m1), 4);
+    [
+        _mm256_or_si256(_mm256_and_si256(q, m4), h0),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1),
+    ]
+}
+
+/// Q5_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`: the 8 lanes above with
+/// `fma(d_x * d_w, lane, acc)`; the min term `fma(-d_x * dmin, it, summs)` in block order,
+/// added after the `hsum`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_k_q8_k_impl(w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
-    let mut acc = [0.0f32; 8];
+    let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
     for (bw, bx) in w.iter().zip(x) {
         let d = bx.d() * f16_le(bw.d);
         let dmin = -bx.d() * f16_le(bw.dmin);
-        let mut sc = [0i32; 8];
-        let mut mins = 0i32;
-        for k in 0..8 {
-            let (s, m) = scale_min_k4(k, &bw.scales);
-            sc[k] = i32::from(s);
-            mins += i32::from(m) * (bx.bsum(2 * k) + bx.bsum(2 * k + 1));
-        }
-        summs = dmin.mul_add(mins as f32, summs);
-        let q = bw.quants();
-        let mut lanes = [0i32; 8];
-        for c in 0..8 {
-            for (i, l) in lanes.iter_mut().enumerate() {
-                let base = 32 * c + 4 * i;
-                let mut s = 0i32;
-                for e in base..base + 4 {
-                    s += i32::from(q[e]) * i32::from(bx.qs[e]);
-                }
-                *l += sc[c] * s;
+        let sm = k4_scales_mins_i16(&bw.scales);
+        summs = dmin.mul_add(k4_min_sum(bx, sm) as f32, summs);
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        // SAFETY: `qh` is 32 readable bytes; loadu has no alignment requirement.
+        let mut qh = _mm256_loadu_si256(bw.qh.as_ptr().cast());
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = q5k_pair(bw, c, qh);
+            qh = _mm256_srli_epi16(qh, 2);
+            for (j, qj) in q.into_iter().enumerate() {
+                let k = 2 * c + j;
+                let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx, k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, k4_scale(scales, k)));
             }
         }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum8(&acc) + summs
+    hsum(acc) + summs
 }
 
+/// [`dot_q5_k_q8_k_impl`] of one weight row with `N` activation rows: each block's quants and
+/// scales are unpacked once for all tokens; every token's lanes and f32 operations are the
+/// one-row kernel's.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k_q8_k_impl(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    for (bw, bx) in w.iter().zip(x) {
-        let d = bx.d() * f16_le(bw.d);
-        let q = bw.quants();
-        // ggml multiplies the unsigned quants (q + 32) and subtracts 32 * scale * bsum afterwards,
-        // lane `i` taking sub-blocks 2i and 2i + 1: the lanes differ from a signed sum's.
-        let mut lanes = [0i32; 8];
-        for c in 0..8 {
-            for (i, l) in lanes.iter_mut().enumerate() {
-                let base = 32 * c + 4 * i;
-                let mut s = 0i32;
-                for e in base..base + 4 {
-                    s += (i32::from(q[e]) + 32) * i32::from(bx.qs[e]);
+unsafe fn dot_q5_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ5_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summs = [0.0f32; N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let (dw, mw) = (f16_le(bw.d), f16_le(bw.dmin));
+        let sm = k4_scales_mins_i16(&bw.scales);
+        for t in 0..N {
+            let dmin = -bx[t].d() * mw;
+            summs[t] = dmin.mul_add(k4_min_sum(bx[t], sm) as f32, summs[t]);
+        }
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        // SAFETY: `qh` is 32 readable bytes; loadu has no alignment requirement.
+        let mut qh = _mm256_loadu_si256(bw.qh.as_ptr().cast());
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            let q = q5k_pair(bw, c, qh);
+            qh = _mm256_srli_epi16(qh, 2);
+            for (j, qj) in q.into_iter().enumerate() {
+                let k = 2 * c + j;
+                let sc = k4_scale(scales, k);
+                for t in 0..N {
+                    let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx[t], k));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
                 }
-                *l += i32::from(bw.scales[base / 16]) * s;
             }
         }
-        for (i, l) in lanes.iter_mut().enumerate() {
-            let sub = bx.bsum(2 * i) * i32::from(bw.scales[2 * i])
-                + bx.bsum(2 * i + 1) * i32::from(bw.scales[2 * i + 1]);
-            *l -= sub << 5;
-        }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(l as f32, *a);
+        for t in 0..N {
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
         }
     }
-    hsum8(&acc)
+    std::array::from_fn(|t| hsum(acc[t]) + summs[t])
+}
+
+// ---- Q4_K (matrices llama.cpp does not repack) ----
+//
+// Lanes as Q5_K's without the fifth bit (`maddubs` pairs at most 2 * 15 * 128). The min term
+// keeps 4 f32 lanes: lane `k` gets `fma(-d_x * dmin, m[2k] * (bsum(4k) + bsum(4k + 1)) +
+// m[2k + 1] * (bsum(4k + 2) + bsum(4k + 3)), ..)` per block, folded `(a0 + a2) + (a1 + a3)` and
+// added after the `hsum` (ggml's `ggml_vec_dot_q4_K_q8_K`).
+
+/// The 4 integer min products of one block (`sm` from [`k4_scales_mins_i16`]), as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_min_products(bx: &BlockQ8_K, sm: __m256i) -> __m128 {
+    let m = _mm256_extracti128_si256(sm, 1);
+    let m2 = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
+    // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); loadu has no alignment requirement.
+    let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
+    // Lane j: m[j] * (bsum(2j) + bsum(2j + 1)); adjacent lanes summed: [p0+p1, p2+p3 | p4+p5, ..].
+    let p = _mm256_madd_epi16(bsums, m2);
+    let h = _mm256_hadd_epi32(p, p);
+    let prod = _mm_unpacklo_epi64(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    _mm_cvtepi32_ps(prod)
+}
+
+/// The 4 min lanes folded `(a0 + a2) + (a1 + a3)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold4(a: __m128) -> f32 {
+    let s = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Sub-blocks `2c` and `2c + 1` of a Q4_K block (the nibbles of `qs[32c..32c + 32]`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_pair(bw: &BlockQ4_K, c: usize) -> [__m256i; 2] {
+    assert!(c < 4);
+    let m4 = _mm256_set1_epi8(0x0F);
+    // SAFETY: c < 4, so `qs[32c..32c + 32]` is inside the block; loadu has no alignment
+    // requirement.
+    let q = _mm256_loadu_si256(bw.qs.as_ptr().add(32 * c).cast());
+    [
+        _mm256_and_si256(q, m4),
+        _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+    ]
+}
+
+/// Q4_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q4_K_q8_K` (see above).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let dmin = -bx.d() * f16_le(bw.dmin);
+        let sm = k4_scales_mins_i16(&bw.scales);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), q4k_min_products(bx, sm), acc_m);
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            for (j, qj) in q4k_pair(bw, c).into_iter().enumerate() {
+                let k = 2 * c + j;
+                let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx, k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, k4_scale(scales, k)));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc) + fold4(acc_m)
+}
+
+/// [`dot_q4_k_q8_k_impl`] of one weight row with `N` activation rows (each token's operations
+/// the one-row kernel's).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ4_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let (dw, mw) = (f16_le(bw.d), f16_le(bw.dmin));
+        let sm = k4_scales_mins_i16(&bw.scales);
+        for t in 0..N {
+            let dmin = -bx[t].d() * mw;
+            acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), q4k_min_products(bx[t], sm), acc_m[t]);
+        }
+        let scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            for (j, qj) in q4k_pair(bw, c).into_iter().enumerate() {
+                let k = 2 * c + j;
+                let sc = k4_scale(scales, k);
+                for t in 0..N {
+                    let p = _mm256_maddubs_epi16(qj, q8k_chunk(bx[t], k));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+                }
+            }
+        }
+        for t in 0..N {
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum(acc[t]) + fold4(acc_m[t]))
+}
+
+// ---- Q6_K ----
+//
+// Lane `i` of a block (what ggml's AVX2 `ggml_vec_dot_q6_K_q8_K` forms): the unsigned quants
+// `q + 32` (0..63) times the activations, elements `4i..4i + 4` of each 32-element chunk `c`
+// scaled by the chunk's sub-block scale (`2c` for `i < 4`, `2c + 1` for `i >= 4`), summed over
+// the 8 chunks; minus `32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])`. The lanes differ
+// from a signed sum's, but each is an exact integer, so any grouping of the integer work gives
+// the same lanes (the offset is where each block's lanes start). Bounds: `maddubs` pairs are at
+// most 2 * 63 * 128 = 16128 (no i16 saturation), `madd` with an i8 scale at most
+// 2 * 16128 * 128 per pair of pairs, a lane at most 8 * 4 * 63 * 128 * 128 plus the offset's
+// 32 * 2 * 32768 * 128 (even for arbitrary i16 bsums): far inside i32.
+
+/// The block's 16 scales as i16: `[sc0..8, sc0..8]` and `[sc8..16, sc8..16]` (each 128-bit half
+/// the same 8 scales, for [`q6k_chunk_scales`]), and the offset multipliers `-32 * sc` in
+/// element order (at most 4096: fits i16).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_scales(bw: &BlockQ6_K) -> ([__m256i; 2], __m256i) {
+    // SAFETY: `scales` is 16 readable bytes; loadu has no alignment requirement.
+    let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bw.scales.as_ptr().cast()));
+    let halves = [
+        _mm256_permute2x128_si256(sc16, sc16, 0x00),
+        _mm256_permute2x128_si256(sc16, sc16, 0x11),
+    ];
+    let neg_sc32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+    (halves, neg_sc32)
+}
+
+/// The i16 multipliers of chunk `c`'s 16 `maddubs` pair sums: `[sc[2c]; 8]` then
+/// `[sc[2c + 1]; 8]`; one in-lane `pshufb` of the half of [`q6k_scales`] holding them.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_chunk_scales(halves: &[__m256i; 2], c: usize) -> __m256i {
+    // i16 element `e` (sub-block 2c within its half of 8) in the low lane, `e + 1` in the high.
+    let e = ((2 * c) % 8) as i16;
+    let pick = |e: i16| _mm_set1_epi16(((2 * e + 1) << 8) | (2 * e));
+    _mm256_shuffle_epi8(halves[c / 4], _mm256_setr_m128i(pick(e), pick(e + 1)))
+}
+
+/// The four 32-quant chunks of half `h` (0 or 1) of a Q6_K block, elements `128h + 32k..` in
+/// chunk `k`, as unsigned bytes `q + 32` (0..63): low nibbles of `ql[64h..64h + 32]`, of
+/// `ql[64h + 32..64h + 64]`, then their high nibbles, with bit pairs 0, 2, 4, 6 of
+/// `qh[32h..32h + 32]` on top.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_half_quants(bw: &BlockQ6_K, h: usize) -> [__m256i; 4] {
+    assert!(h < 2);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    // SAFETY: h < 2, so `ql[64h..64h + 64]` and `qh[32h..32h + 32]` are inside the block's
+    // arrays; loadu has no alignment requirement.
+    let (l0, l1, hb) = (
+        _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h).cast()),
+        _mm256_loadu_si256(bw.ql.as_ptr().add(64 * h + 32).cast()),
+        _mm256_loadu_si256(bw.qh.as_ptr().add(32 * h).cast()),
+    );
+    // Bit pair `2k` of each qh byte moved to bits 4..6: 16-bit shifts, and the mask drops
+    // whatever crossed from the neighbouring byte.
+    let h0 = _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30);
+    let h1 = _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30);
+    let h2 = _mm256_and_si256(hb, m30);
+    let h3 = _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30);
+    [
+        _mm256_or_si256(_mm256_and_si256(l0, m4), h0),
+        _mm256_or_si256(_mm256_and_si256(l1, m4), h1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), h2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), h3),
+    ]
+}
+
+/// Activations `32c..32c + 32` of a Q8_K block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8k_chunk(bx: &BlockQ8_K, c: usize) -> __m256i {
+    assert!(c < 8);
+    // SAFETY: c < 8, so `qs[32c..32c + 32]` is inside the 256 quants; loadu has no alignment
+    // requirement.
+    _mm256_loadu_si256(bx.qs.as_ptr().add(32 * c).cast())
+}
+
+/// The unsigned quants' offset per lane, `-32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])`
+/// (`neg_sc32` from [`q6k_scales`]; the pair sums at most 2 * 32768 * 4096 fit i32): where each
+/// block's lanes start.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_offset(bx: &BlockQ8_K, neg_sc32: __m256i) -> __m256i {
+    // SAFETY: `bsums` is 16 little-endian i16 (32 bytes), as x86 loads them; loadu has no
+    // alignment requirement.
+    let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
+    _mm256_madd_epi16(bsums, neg_sc32)
+}
+
+/// Q6_K . Q8_K as ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`: per block the 8 lanes above, then
+/// `fma(d_x * d_w, lane, acc)`, and `hsum` at the end.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_q8_k_impl(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let (scales, neg_sc32) = q6k_scales(bw);
+        let mut lanes = q6k_offset(bx, neg_sc32);
+        for h in 0..2 {
+            let q = q6k_half_quants(bw, h);
+            for (k, qk) in q.into_iter().enumerate() {
+                let c = 4 * h + k;
+                let p = _mm256_maddubs_epi16(qk, q8k_chunk(bx, c));
+                lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(p, q6k_chunk_scales(&scales, c)));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+    }
+    hsum(acc)
+}
+
+/// [`dot_q6_k_q8_k_impl`] of one weight row with `N` activation rows: each block's quants and
+/// scales are unpacked once for all tokens; every token's lanes and f32 operations are the
+/// one-row kernel's.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ6_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let dw = f16_le(bw.d);
+        let (scales, neg_sc32) = q6k_scales(bw);
+        let mut lanes = bx.map(|b| q6k_offset(b, neg_sc32));
+        for h in 0..2 {
+            let q = q6k_half_quants(bw, h);
+            for (k, qk) in q.into_iter().enumerate() {
+                let c = 4 * h + k;
+                let sc = q6k_chunk_scales(&scales, c);
+                for t in 0..N {
+                    let p = _mm256_maddubs_epi16(qk, q8k_chunk(bx[t], c));
+                    lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(p, sc));
+                }
+            }
+        }
+        for (t, lanes) in lanes.into_iter().enumerate() {
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    acc.map(|a| hsum(a))
 }
 
 // Safe wrappers. SAFETY (all of them): a `Token` exists only after `Token::detect` confirmed AVX2,
@@ -241,14 +540,78 @@ pub(super) fn dot_q4_k_q8_k(_: Token, w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     unsafe { dot_q4_k_q8_k_impl(w, x) }
 }
 
+/// [`dot_q4_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q4_k_q8_k_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ4_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_k_q8_k_xn_impl(w, x) }
+}
+
+/// One token stays on AVX2 even where the token has `avx512()`: the AVX-512 kernel with `N = 1`
+/// measured 5% slower in cache and the same from memory.
 pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     // SAFETY: see above.
     unsafe { dot_q5_k_q8_k_impl(w, x) }
 }
 
-pub(super) fn dot_q6_k_q8_k(_: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
+/// [`dot_q5_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q5_k_q8_k_xn<const N: usize>(
+    t: Token,
+    w: &[BlockQ5_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    if t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q5_k_q8_k_xn(w, x) };
+    }
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q5_k_q8_k_xn_impl(w, x) }
+}
+
+pub(super) fn dot_q6_k_q8_k(t: Token, w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
+    if t.avx512() {
+        let x = &x[..w.len()];
+        // SAFETY: see above (the token's AVX-512 features were detected); `x` has exactly
+        // `w.len()` blocks (the slice above panics otherwise).
+        return unsafe { super::avx512::dot_q6_k_q8_k_xn(w, [x])[0] };
+    }
     // SAFETY: see above.
     unsafe { dot_q6_k_q8_k_impl(w, x) }
 }
+
+/// [`dot_q6_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q6_k_q8_k_xn<const N: usize>(
+    t: Token,
+    w: &[BlockQ6_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    if t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q6_k_q8_k_xn(w, x) };
+    }
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q6_k_q8_k_xn_impl(w, x) }
+}
+
+#[cfg(test)]
+mod tests;

@@ -5,9 +5,16 @@
 //! so one instruction does two tokens' work while each lane sees exactly the one-token kernel's
 //! sequence of operations; `vpdpbusd` (VNNI) replaces `vpmaddubsw` + `vpmaddwd`, both giving the
 //! exact integer sum of each group of four products (no i16 saturation is possible for 4-bit
-//! weights), as llama.cpp's AVX-512 VNNI builds compute it. One token (decode) stays on the AVX2
-//! kernels: a `vpdpbusd` version measured slower on the memory-bound decode path (1.6 against
-//! 3.0 GB/s streaming 700 MB of Q4_0 on one thread).
+//! weights), as llama.cpp's AVX-512 VNNI builds compute it. One token (decode): Q4_1 and Q8_0
+//! form ggml's lanes with `vpdpbusd` too, two weight rows per call (independent `fma` chains);
+//! repacked Q4_0 and Q4_K have their own files (`q4_0_rows.rs`, `q4_k_rows.rs`).
+//!
+//! Q6_K is laid out differently: one token's two 32-element chunks per register (its unpacking
+//! is costly, so 64 elements per instruction pay for themselves), for one token too; decoding a
+//! 54 MB Q6_K head measured 1.2x faster than the AVX2 kernel (2.6 against 3.1 ms). Two weight
+//! rows per call sharing the activation loads measured slower (3.4 ms) and were dropped. Q5_K
+//! likewise holds one token's sub-block pair (64 elements) per register, for prefill only (with
+//! one token it measured 5% slower than AVX2 in cache, the same from memory).
 //!
 //! Only reachable through an [`super::avx2::Token`] whose `avx512()` is true, which
 //! [`super::avx2::Token::detect_avx512`] grants after run-time detection.
@@ -18,8 +25,11 @@ use super::q4_0::BlockQ4_0;
 use super::q4_1::BlockQ4_1;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
+use super::q8_k::BlockQ8_K;
+use super::{f16_le, q5_k::BlockQ5_K, q6_k::BlockQ6_K};
 // AVX2 helpers: their features are a subset of this file's, so they inline here.
 use super::avx2::{hsum, load_q8, nibbles, prefetch_stream};
+use super::avx2_quants::{k4_min_sum, k4_scales_mins_i16};
 
 /// Whether this CPU runs the kernels in this file.
 pub(super) fn detected() -> bool {
@@ -316,4 +326,174 @@ pub(super) unsafe fn dot_q4_0_q8_0_x4(w: &[BlockQ4_0], x: [&[BlockQ8_0]; 4]) -> 
     let (s0, s1) = hsum_pair(acc01);
     let (s2, s3) = hsum_pair(acc23);
     [s0, s1, s2, s3]
+}
+
+/// Q6_K . Q8_K of one weight row with `N` tokens, each token's lanes computed over 64 elements
+/// (two 32-element chunks) per 512-bit register: the even chunk's 8 lanes in the low half, the
+/// odd chunk's in the high half, added at the end of the block. `vpdpwssd` multiplies the
+/// `maddubs` pair sums by the sub-block scales and accumulates in one instruction. The lanes are
+/// the AVX2 kernel's exact integers (see `avx2_quants.rs` for the bounds: nothing saturates),
+/// and the f32 operations per token are its `fma(d_x * d_w, lane, acc)` and `hsum`, so the
+/// results are its bits.
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; every `x[t].len() >= w.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q6_k_q8_k_xn<const N: usize>(
+    w: &[BlockQ6_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    // qh bit pairs 0 / 1 (chunks 4h, 4h + 1) to bits 4..6 of each byte, and 2 / 3.
+    let shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    let shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    // Word indices picking sub-block scales 4j..4j + 4, 8 copies each, from the 16 scales.
+    let sc_idx: [__m512i; 4] = std::array::from_fn(|j| {
+        let j = j as i16;
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_setr_m128i(
+                _mm_set1_epi16(4 * j),
+                _mm_set1_epi16(4 * j + 1),
+            )),
+            _mm256_setr_m128i(_mm_set1_epi16(4 * j + 2), _mm_set1_epi16(4 * j + 3)),
+            1,
+        )
+    });
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let dw = f16_le(bw.d);
+        // SAFETY: `scales` is 16 readable bytes; loadu has no alignment requirement.
+        let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(bw.scales.as_ptr().cast()) });
+        let sc512 = _mm512_castsi256_si512(sc16);
+        // The offset `-32 * (bsum(2i) * sc[2i] + bsum(2i + 1) * sc[2i + 1])` starts lane `i`
+        // of the even chunks' accumulator: one `madd` with `-32 * sc` (at most 4096: fits i16;
+        // the pair sum at most 2 * 32768 * 4096 fits i32).
+        let neg_sc32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+        // Chunk pairs (4h, 4h + 1) and (4h + 2, 4h + 3) accumulate apart: two short
+        // `vpdpwssd` dependency chains instead of one long one.
+        let mut sumi01 = bx.map(|b| {
+            // SAFETY: `bsums` is 16 little-endian i16 (32 bytes), as x86 loads them; loadu has
+            // no alignment requirement.
+            let bsums = unsafe { _mm256_loadu_si256(b.bsums.as_ptr().cast()) };
+            _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, neg_sc32))
+        });
+        let mut sumi23 = [_mm512_setzero_si512(); N];
+        for h in 0..2 {
+            // SAFETY: h < 2, so `ql[64h..64h + 64]` and `qh[32h..32h + 32]` are inside the
+            // block; loadu has no alignment requirement.
+            let (ql, qh) = unsafe {
+                (
+                    _mm512_loadu_si512(bw.ql.as_ptr().add(64 * h).cast()),
+                    _mm256_loadu_si256(bw.qh.as_ptr().add(32 * h).cast()),
+                )
+            };
+            let qhh = _mm512_broadcast_i64x4(qh);
+            // Chunks (4h, 4h + 1) and (4h + 2, 4h + 3) as unsigned `q + 32`.
+            let q01 = _mm512_or_si512(
+                _mm512_and_si512(ql, m4),
+                _mm512_and_si512(_mm512_sllv_epi16(qhh, shl01), m30),
+            );
+            let q23 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                _mm512_and_si512(_mm512_srlv_epi16(qhh, shr23), m30),
+            );
+            let sc01 = _mm512_permutexvar_epi16(sc_idx[2 * h], sc512);
+            let sc23 = _mm512_permutexvar_epi16(sc_idx[2 * h + 1], sc512);
+            for t in 0..N {
+                // SAFETY: h < 2, so `qs[128h..128h + 128]` is inside the 256 quants; loadu has
+                // no alignment requirement.
+                let (y01, y23) = unsafe {
+                    let p = bx[t].qs.as_ptr().add(128 * h);
+                    (
+                        _mm512_loadu_si512(p.cast()),
+                        _mm512_loadu_si512(p.add(64).cast()),
+                    )
+                };
+                sumi01[t] = _mm512_dpwssd_epi32(sumi01[t], _mm512_maddubs_epi16(q01, y01), sc01);
+                sumi23[t] = _mm512_dpwssd_epi32(sumi23[t], _mm512_maddubs_epi16(q23, y23), sc23);
+            }
+        }
+        for t in 0..N {
+            let s = _mm512_add_epi32(sumi01[t], sumi23[t]);
+            let lanes =
+                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    // SAFETY: AVX2 is among this function's features.
+    acc.map(|a| unsafe { hsum(a) })
+}
+
+/// Q5_K . Q8_K of one weight row with `N` tokens, each token's sub-blocks `2c` and `2c + 1`
+/// (64 consecutive elements) in one 512-bit register: the nibbles of `qs[32c..32c + 32]` in
+/// both halves (low, high), the fifth bit added under a byte mask from `qh`, `vpdpwssd` with the
+/// two sub-block scales. The lanes are the AVX2 kernel's exact integers and the f32 operations
+/// per token its `fma`s, `hsum` and min sum, so the results are its bits.
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; every `x[t].len() >= w.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q5_k_q8_k_xn<const N: usize>(
+    w: &[BlockQ5_K],
+    x: [&[BlockQ8_K]; N],
+) -> [f32; N] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    // Low half: low nibbles (sub-block 2c); high half: high nibbles (2c + 1).
+    let nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summs = [0.0f32; N];
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let (dw, mw) = (f16_le(bw.d), f16_le(bw.dmin));
+        // SAFETY: AVX2 is among this function's features.
+        let sm = unsafe { k4_scales_mins_i16(&bw.scales) };
+        for t in 0..N {
+            let dmin = -bx[t].d() * mw;
+            // SAFETY: AVX2 is among this function's features.
+            summs[t] = dmin.mul_add(unsafe { k4_min_sum(bx[t], sm) } as f32, summs[t]);
+        }
+        let sm512 = _mm512_castsi256_si512(sm);
+        // SAFETY: `qh` is 32 readable bytes; loadu has no alignment requirement.
+        let qhh = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(bw.qh.as_ptr().cast()) });
+        let mut sumi = [[_mm512_setzero_si512(); N]; 2];
+        for c in 0..4 {
+            // SAFETY: c < 4, so `qs[32c..32c + 32]` is inside the block; loadu has no alignment
+            // requirement.
+            let qs = _mm512_broadcast_i64x4(unsafe {
+                _mm256_loadu_si256(bw.qs.as_ptr().add(32 * c).cast())
+            });
+            let nib = _mm512_and_si512(_mm512_srlv_epi16(qs, nibble_shift), m4);
+            let bits = _mm512_inserti64x4(
+                _mm512_set1_epi8(1 << (2 * c)),
+                _mm256_set1_epi8(1 << (2 * c + 1)),
+                1,
+            );
+            let q = _mm512_mask_add_epi8(nib, _mm512_test_epi8_mask(qhh, bits), nib, sixteen);
+            let c16 = 2 * c as i16;
+            let idx = _mm512_inserti64x4(_mm512_set1_epi16(c16), _mm256_set1_epi16(c16 + 1), 1);
+            let sc = _mm512_permutexvar_epi16(idx, sm512);
+            for t in 0..N {
+                // SAFETY: c < 4, so `qs[64c..64c + 64]` is inside the 256 quants; loadu has no
+                // alignment requirement.
+                let y = unsafe { _mm512_loadu_si512(bx[t].qs.as_ptr().add(64 * c).cast()) };
+                let s = &mut sumi[c % 2][t];
+                *s = _mm512_dpwssd_epi32(*s, _mm512_maddubs_epi16(q, y), sc);
+            }
+        }
+        for t in 0..N {
+            let s = _mm512_add_epi32(sumi[0][t], sumi[1][t]);
+            let lanes =
+                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+            let d = bx[t].d() * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    // SAFETY: AVX2 is among this function's features.
+    std::array::from_fn(|t| unsafe { hsum(acc[t]) } + summs[t])
 }

@@ -433,8 +433,8 @@ impl Kernels {
     /// this build have them; `neon` is the best NEON variant (with `sdot` where the CPU has the
     /// dot-product instructions). Activation rounding is [`Q8Rounding::GgmlRef`]; use
     /// [`Kernels::with_q8_rounding`] (with [`Q8Rounding::host`] to match [`Kernels::detect`]).
-    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0, Q4_1 and
-    /// repacked Q4_K, which give the same bits.
+    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0, Q4_1, Q8_0,
+    /// repacked Q4_K, Q5_K and Q6_K, which give the same bits.
     pub fn by_name(name: &str) -> Option<Kernels> {
         match name {
             "scalar" => Some(Kernels::scalar()),
@@ -1065,9 +1065,15 @@ impl Kernels {
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
-            if !(matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0)
-                || (w_ty == GgmlType::Q4_K && repacked))
-            {
+            if !matches!(
+                w_ty,
+                GgmlType::Q4_1
+                    | GgmlType::Q4_0
+                    | GgmlType::Q8_0
+                    | GgmlType::Q4_K
+                    | GgmlType::Q5_K
+                    | GgmlType::Q6_K
+            ) {
                 return false;
             }
             assert!(
@@ -1117,10 +1123,14 @@ impl Kernels {
                     }
                 }
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
-                GgmlType::Q4_K if t.avx512() => {
+                GgmlType::Q4_K if repacked && t.avx512() => {
                     q4_k_rows::matvec_q4_k(t, w, rb, x.map(blocks), y, |_, _| {})
                 }
-                GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
+                GgmlType::Q4_K if repacked => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
+                GgmlType::Q4_K => rows_with!(avx2_quants::dot_q4_k_q8_k_xn),
+                // llama.cpp never repacks Q6_K on x86: any row count.
+                GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
+                GgmlType::Q5_K => rows_with!(avx2_quants::dot_q5_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }
             return true;
