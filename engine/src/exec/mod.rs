@@ -1437,9 +1437,16 @@ impl OpCtx<'_> {
         let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
         let xq = self.input_bytes(x, 0..n_tok);
         let xrb = self.pg.graph.values[x.0].row_bytes();
+        // One token (decode) streams the weights once: one call over the thread's whole share,
+        // so that the kernels' prefetching runs ahead across it without a break every chunk.
+        let chunk = if n_tok == 1 {
+            mine.len().max(1)
+        } else {
+            ROWS_PER_CHUNK
+        };
         let mut start = mine.start;
         while start < mine.end {
-            let end = (start + ROWS_PER_CHUNK).min(mine.end);
+            let end = (start + chunk).min(mine.end);
             let mut t = 0;
             // Groups of tokens through the multi-token kernel where there is one (prefill).
             while t + cpu::MATVEC_TOKENS <= n_tok {
