@@ -995,3 +995,135 @@ fn bench_q4_k() {
         old / four
     );
 }
+
+/// Q5_0 and Q5_1: old (plain loop) against new kernels on the same data, prefill-shaped (4
+/// tokens through SmolLM2-135M's 1536 x 576 matrix, in L2) and decode-shaped (one token
+/// through 16000 x 2048 via `Kernels::matvec`).
+/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench_q5_ -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_q5_0_and_q5_1() {
+    use std::time::Instant;
+    if token().is_none() {
+        return;
+    }
+    let best_of = |reps: usize, f: &mut dyn FnMut()| {
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let s = Instant::now();
+            f();
+            best = best.min(s.elapsed().as_secs_f64());
+        }
+        best
+    };
+    let tokens: Vec<Token> = [Token::detect(), Token::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut r = Rng::new(76);
+    macro_rules! bench {
+        ($name:literal, $ty:expr, $row:ident, $xrow:ident, $wt:ty, $xt:ty, $reference:ident, $one:ident, $xn:ident) => {{
+            let (rows, nb) = (1536usize, 18usize);
+            let rb = nb * $ty.block_bytes();
+            let w = $row(&mut r, rows * nb, Fill::Random);
+            let xs: Vec<Vec<u8>> = (0..4).map(|_| $xrow(&mut r, nb, Fill::Random)).collect();
+            let xb: [&[$xt]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+            let mut y = vec![0.0f32; 4 * rows];
+            let old = best_of(20, &mut || {
+                for (i, wr) in w.chunks_exact(rb).enumerate() {
+                    for k in 0..4 {
+                        y[k * rows + i] = $reference(blocks::<$wt>(wr), xb[k]);
+                    }
+                }
+                std::hint::black_box(&mut y);
+            });
+            print!(
+                "{} prefill 4 tok x {rows}x{}: old {:.1} us",
+                $name,
+                nb * 32,
+                old * 1e6
+            );
+            for &t in &tokens {
+                let one = best_of(20, &mut || {
+                    for (i, wr) in w.chunks_exact(rb).enumerate() {
+                        for k in 0..4 {
+                            y[k * rows + i] = $one(t, blocks(wr), xb[k]);
+                        }
+                    }
+                    std::hint::black_box(&mut y);
+                });
+                let four = best_of(20, &mut || {
+                    for (i, wr) in w.chunks_exact(rb).enumerate() {
+                        let v = $xn(t, blocks(wr), xb);
+                        for k in 0..4 {
+                            y[k * rows + i] = v[k];
+                        }
+                    }
+                    std::hint::black_box(&mut y);
+                });
+                print!(
+                    "; {}: 1-token {:.1} us ({:.2}x), xn::<4> {:.1} us ({:.2}x)",
+                    if t.avx512() { "avx512" } else { "avx2" },
+                    one * 1e6,
+                    old / one,
+                    four * 1e6,
+                    old / four
+                );
+            }
+            println!();
+            let (rows, nb) = (16000usize, 64usize);
+            let rb = nb * $ty.block_bytes();
+            let w = $row(&mut r, rows * nb, Fill::Random);
+            let x = $xrow(&mut r, nb, Fill::Random);
+            let xb: &[$xt] = blocks(&x);
+            let mut y = vec![0.0f32; rows];
+            let old = best_of(5, &mut || {
+                for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+                    *yi = $reference(blocks(wr), xb);
+                }
+                std::hint::black_box(&mut y);
+            });
+            print!(
+                "{} decode {rows}x{}: old {:.2} ms",
+                $name,
+                nb * 32,
+                old * 1e3
+            );
+            for k in [Kernels::avx2(), Kernels::avx512()].into_iter().flatten() {
+                let new = best_of(5, &mut || {
+                    k.matvec($ty, nb * 32, &w, &x, 0..rows, &mut y);
+                    std::hint::black_box(&mut y);
+                });
+                print!(
+                    "; {} matvec {:.2} ms ({:.2}x)",
+                    k.isa_name(),
+                    new * 1e3,
+                    old / new
+                );
+            }
+            println!();
+        }};
+    }
+    bench!(
+        "q5_0",
+        GgmlType::Q5_0,
+        q5_0_row,
+        q8_0_row,
+        BlockQ5_0,
+        BlockQ8_0,
+        reference_q5_0,
+        dot_q5_0_q8_0,
+        dot_q5_0_q8_0_xn
+    );
+    bench!(
+        "q5_1",
+        GgmlType::Q5_1,
+        q5_1_row,
+        q8_1_row,
+        BlockQ5_1,
+        BlockQ8_1,
+        reference_q5_1,
+        dot_q5_1_q8_1,
+        dot_q5_1_q8_1_xn
+    );
+}
