@@ -627,7 +627,7 @@ pub(super) fn dot_q5_1_q8_1(_: Token, w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
 /// [`dot_q5_0_q8_0`] of one weight row with `N` activation rows at once (bit-identical to `N`
 /// calls of it). Panics if an activation row is shorter than the weight row.
 pub(super) fn dot_q5_0_q8_0_xn<const N: usize>(
-    _: Token,
+    t: Token,
     w: &[BlockQ5_0],
     x: [&[BlockQ8_0]; N],
 ) -> [f32; N] {
@@ -635,6 +635,11 @@ pub(super) fn dot_q5_0_q8_0_xn<const N: usize>(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
+    if N == 4 && t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        let r = unsafe { super::avx512::dot_q5_0_q8_0_x4(w, std::array::from_fn(|k| x[k])) };
+        return std::array::from_fn(|k| r[k]);
+    }
     // SAFETY: see above; lengths checked.
     unsafe { dot_q5_0_q8_0_xn_impl(w, x) }
 }
@@ -642,7 +647,7 @@ pub(super) fn dot_q5_0_q8_0_xn<const N: usize>(
 /// [`dot_q5_1_q8_1`] of one weight row with `N` activation rows at once (bit-identical to `N`
 /// calls of it). Panics if an activation row is shorter than the weight row.
 pub(super) fn dot_q5_1_q8_1_xn<const N: usize>(
-    _: Token,
+    t: Token,
     w: &[BlockQ5_1],
     x: [&[BlockQ8_1]; N],
 ) -> [f32; N] {
@@ -650,6 +655,11 @@ pub(super) fn dot_q5_1_q8_1_xn<const N: usize>(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
+    if N == 4 && t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        let r = unsafe { super::avx512::dot_q5_1_q8_1_x4(w, std::array::from_fn(|k| x[k])) };
+        return std::array::from_fn(|k| r[k]);
+    }
     // SAFETY: see above; lengths checked.
     unsafe { dot_q5_1_q8_1_xn_impl(w, x) }
 }
