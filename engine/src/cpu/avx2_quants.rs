@@ -13,7 +13,7 @@
 //! has its own 4-lane accumulator (`madd` of the mins with pair sums of `bsums`), folded
 //! `(a0 + a2) + (a1 + a3)` and added last.
 //!
-//! Q5_0, Q5_1 and IQ4_NL write the integer parts as plain loops (the compiler vectorizes them);
+//! IQ4_NL writes the integer parts as a plain loop (the compiler vectorizes it); Q5_0, Q5_1,
 //! Q4_K, Q5_K and Q6_K, whose unpacking the compiler vectorized poorly, use ggml's intrinsics
 //! (their plain-loop versions are the references in `avx2_quants/tests.rs`) and have `_xn`
 //! variants that unpack each weight block once for several tokens (prefill); on AVX-512 VNNI
@@ -26,7 +26,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{hsum, Token};
+use super::avx2::{hsum, load_q8, nibbles, Token};
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::q4_k::BlockQ4_K;
 use super::q5_0::BlockQ5_0;
@@ -45,46 +45,142 @@ fn hsum8(a: &[f32; 8]) -> f32 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
+// ---- Q5_0 and Q5_1 ----
+//
+// Lane `i` of a block: the exact sum of the products of elements `4i..4i + 4` (what ggml's
+// `mul_sum_i8_pairs_float` / `mul_sum_us8_pairs_float` form). The quants are unpacked as
+// unsigned bytes `q` (0..31): `maddubs` pairs `q * y` are at most 2 * 31 * 128 = 7936 and Q5_0's
+// offset pairs `16 * y` at most 4096, so their i16 difference is exact for every i8 activation,
+// -128 included (ggml's `sign` trick is not); `madd` with ones then sums the pairs into lanes.
+
+/// The 32 quants of a Q5_0 / Q5_1 block as unsigned bytes (0..31), in element order: the
+/// nibbles, with bit `j` of `qh` (a little-endian u32) as bit 4 of byte `j` (ggml's
+/// `bytes_from_bits_32`: byte `j` gets `qh` byte `j / 8`, and bit `j % 8` of it is tested).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0_q8_0_impl(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    for (bw, bx) in w.iter().zip(x) {
-        let d = bw.d() * bx.d();
-        let q = bw.quants();
-        let mut lanes = [0i32; 8];
-        for (i, l) in lanes.iter_mut().enumerate() {
-            for e in 4 * i..4 * i + 4 {
-                *l += (i32::from(q[e]) - 16) * i32::from(bx.qs[e]);
-            }
-        }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
-    }
-    hsum8(&acc)
+pub(super) unsafe fn q5_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
+    let spread = _mm256_setr_epi64x(
+        0x0000_0000_0000_0000,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(i32::from_le_bytes(*qh)), spread);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    _mm256_or_si256(nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
 }
 
-/// Q5_1 . Q8_1 as ggml's AVX2 `ggml_vec_dot_q5_1_q8_1`: lanes as Q5_0 (no offset), and the
-/// `m_w * s_x` products summed in one f32 in block order, added after the lanes' `hsum`.
+/// Q5_0's 8 lanes of one block: `sum (q - 16) * y` per group of four, as `q * y - 16 * y`
+/// pair sums (see above).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_1_q8_1_impl(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut summs = 0.0f32;
+unsafe fn q5_0_lanes(q: __m256i, y: __m256i) -> __m256i {
+    let qy = _mm256_maddubs_epi16(q, y);
+    let oy = _mm256_maddubs_epi16(_mm256_set1_epi8(16), y);
+    _mm256_madd_epi16(_mm256_sub_epi16(qy, oy), _mm256_set1_epi16(1))
+}
+
+/// Q5_1's 8 lanes of one block: `sum q * y` per group of four.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_1_lanes(q: __m256i, y: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), _mm256_set1_epi16(1))
+}
+
+/// `[a0, a1, b0, b1]` as f32 from two f16 pairs (each as 4 little-endian bytes).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_pair2(a: [u8; 4], b: [u8; 4]) -> __m128 {
+    _mm_cvtph_ps(_mm_setr_epi32(
+        i32::from_le_bytes(a),
+        i32::from_le_bytes(b),
+        0,
+        0,
+    ))
+}
+
+/// Q5_0 . Q8_0 as ggml's AVX2 `ggml_vec_dot_q5_0_q8_0`: per block `fma(d_w * d_x, lane, acc)`,
+/// `hsum` at the end.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_q8_0_impl(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
     for (bw, bx) in w.iter().zip(x) {
-        summs += bw.m() * bx.s();
-        let d = bw.d() * bx.d();
-        let q = bw.quants();
-        let mut lanes = [0i32; 8];
-        for (i, l) in lanes.iter_mut().enumerate() {
-            for e in 4 * i..4 * i + 4 {
-                *l += i32::from(q[e]) * i32::from(bx.qs[e]);
-            }
-        }
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = (l as f32).mul_add(d, *a);
+        // [d_w, 0, d_x, 0]: lane 0 of the product is d_w * d_x.
+        let h = f16_pair2([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
+        let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
+        let lanes = q5_0_lanes(q5_quants(&bw.qh, &bw.qs), load_q8(&bx.qs));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+    }
+    hsum(acc)
+}
+
+/// [`dot_q5_0_q8_0_impl`] of one weight row with `N` activation rows: each weight block is
+/// unpacked once for all tokens; every token's lanes and f32 operations are the one-row
+/// kernel's.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_q8_0_xn_impl<const N: usize>(w: &[BlockQ5_0], x: [&[BlockQ8_0]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        let q = q5_quants(&bw.qh, &bw.qs);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let h = f16_pair2([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
+            let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
+            let lanes = q5_0_lanes(q, load_q8(&bx.qs));
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
         }
     }
-    hsum8(&acc) + summs
+    acc.map(|a| hsum(a))
+}
+
+/// Q5_1 . Q8_1 as ggml's AVX2 `ggml_vec_dot_q5_1_q8_1`: lanes as Q5_0 (no offset) with
+/// `fma(d_w * d_x, lane, acc)`, and the `m_w * s_x` products summed in one f32 in block order,
+/// added after the lanes' `hsum`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1_q8_1_impl(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    // Lane 1 is the running sum of m_w * s_x (lane 0 sums the d products, unused).
+    let mut acc_m = _mm_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        // [d_w, m_w, d_x, s_x] -> [d_w * d_x, m_w * s_x, ..].
+        let h = f16_pair2(
+            [bw.d[0], bw.d[1], bw.m[0], bw.m[1]],
+            [bx.d[0], bx.d[1], bx.s[0], bx.s[1]],
+        );
+        let p = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+        acc_m = _mm_add_ps(acc_m, p);
+        let lanes = q5_1_lanes(q5_quants(&bw.qh, &bw.qs), load_q8(&bx.qs));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(lanes), acc);
+    }
+    hsum(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
+}
+
+/// [`dot_q5_1_q8_1_impl`] of one weight row with `N` activation rows (each token's operations
+/// the one-row kernel's).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1_q8_1_xn_impl<const N: usize>(w: &[BlockQ5_1], x: [&[BlockQ8_1]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        let q = q5_quants(&bw.qh, &bw.qs);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let h = f16_pair2(
+                [bw.d[0], bw.d[1], bw.m[0], bw.m[1]],
+                [bx.d[0], bx.d[1], bx.s[0], bx.s[1]],
+            );
+            let p = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+            acc_m[t] = _mm_add_ps(acc_m[t], p);
+            let lanes = q5_1_lanes(q, load_q8(&bx.qs));
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m[t])))
 }
 
 /// IQ4_NL . Q8_0 as llamafile's tinyBLAS (which llama.cpp's x86 build runs for IQ4_NL): the Q5_0
@@ -526,6 +622,46 @@ pub(super) fn dot_q5_1_q8_1(_: Token, w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     // SAFETY: see above.
     unsafe { dot_q5_1_q8_1_impl(w, x) }
+}
+
+/// [`dot_q5_0_q8_0`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q5_0_q8_0_xn<const N: usize>(
+    t: Token,
+    w: &[BlockQ5_0],
+    x: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    if N == 4 && t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        let r = unsafe { super::avx512::dot_q5_0_q8_0_x4(w, std::array::from_fn(|k| x[k])) };
+        return std::array::from_fn(|k| r[k]);
+    }
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q5_0_q8_0_xn_impl(w, x) }
+}
+
+/// [`dot_q5_1_q8_1`] of one weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of it). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q5_1_q8_1_xn<const N: usize>(
+    t: Token,
+    w: &[BlockQ5_1],
+    x: [&[BlockQ8_1]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    if N == 4 && t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        let r = unsafe { super::avx512::dot_q5_1_q8_1_x4(w, std::array::from_fn(|k| x[k])) };
+        return std::array::from_fn(|k| r[k]);
+    }
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q5_1_q8_1_xn_impl(w, x) }
 }
 
 pub(super) fn dot_iq4_nl_q8_0(_: Token, w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {

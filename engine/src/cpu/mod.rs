@@ -1073,6 +1073,8 @@ impl Kernels {
                     | GgmlType::Q4_K
                     | GgmlType::Q5_K
                     | GgmlType::Q6_K
+                    | GgmlType::Q5_0
+                    | GgmlType::Q5_1
             ) {
                 return false;
             }
@@ -1131,6 +1133,9 @@ impl Kernels {
                 // llama.cpp never repacks Q6_K on x86: any row count.
                 GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
                 GgmlType::Q5_K => rows_with!(avx2_quants::dot_q5_k_q8_k_xn),
+                // llama.cpp never repacks Q5_0 / Q5_1: any row count.
+                GgmlType::Q5_0 => rows_with!(avx2_quants::dot_q5_0_q8_0_xn),
+                GgmlType::Q5_1 => rows_with!(avx2_quants::dot_q5_1_q8_1_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
             }
             return true;

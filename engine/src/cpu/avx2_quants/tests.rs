@@ -118,6 +118,48 @@ unsafe fn reference_dot_q4_k_q8_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
+/// The plain-loop Q5_0 kernel the intrinsics replaced.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reference_dot_q5_0_q8_0(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bw.d() * bx.d();
+        let q = bw.quants();
+        let mut lanes = [0i32; 8];
+        for (i, l) in lanes.iter_mut().enumerate() {
+            for e in 4 * i..4 * i + 4 {
+                *l += (i32::from(q[e]) - 16) * i32::from(bx.qs[e]);
+            }
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// The plain-loop Q5_1 kernel the intrinsics replaced.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reference_dot_q5_1_q8_1(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        summs += bw.m() * bx.s();
+        let d = bw.d() * bx.d();
+        let q = bw.quants();
+        let mut lanes = [0i32; 8];
+        for (i, l) in lanes.iter_mut().enumerate() {
+            for e in 4 * i..4 * i + 4 {
+                *l += i32::from(q[e]) * i32::from(bx.qs[e]);
+            }
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = (l as f32).mul_add(d, *a);
+        }
+    }
+    hsum8(&acc) + summs
+}
+
 fn token() -> Option<Token> {
     let t = Token::detect();
     if t.is_none() {
@@ -142,6 +184,18 @@ fn reference_q5_k(w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     assert!(token().is_some());
     // SAFETY: AVX2, FMA and F16C were detected just above.
     unsafe { reference_dot_q5_k_q8_k(w, x) }
+}
+
+fn reference_q5_0(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
+    assert!(token().is_some());
+    // SAFETY: AVX2, FMA and F16C were detected just above.
+    unsafe { reference_dot_q5_0_q8_0(w, x) }
+}
+
+fn reference_q5_1(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
+    assert!(token().is_some());
+    // SAFETY: AVX2, FMA and F16C were detected just above.
+    unsafe { reference_dot_q5_1_q8_1(w, x) }
 }
 
 /// How a test block is filled: random bytes, or every field at one end of its range.
@@ -247,6 +301,71 @@ fn q8_k_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
     x
 }
 
+/// Q5_0 (`with_min` false, 22-byte blocks) or Q5_1 (24-byte blocks with `m`) weights: random
+/// bytes, or every quant 31 (`Max`, `Mixed`) / 0 (`Min`) with extreme f16 scales.
+fn q5_row(r: &mut Rng, nb: usize, fill: Fill, with_min: bool) -> Vec<u8> {
+    let bb = if with_min { 24 } else { 22 };
+    let mut w = r.bytes(nb * bb);
+    for b in w.chunks_mut(bb) {
+        let head = if with_min { 4 } else { 2 };
+        match fill {
+            Fill::Random => {}
+            Fill::Max | Fill::Mixed => b[head..].fill(0xFF),
+            Fill::Min => b[head..].fill(0),
+        }
+        let (d, m) = match fill {
+            Fill::Random => (r.f32(0.05), r.f32(0.05)),
+            Fill::Max => (60000.0, 60000.0),
+            _ => (-60000.0, -60000.0),
+        };
+        b[..2].copy_from_slice(&f16_le_bytes(d));
+        if with_min {
+            b[2..4].copy_from_slice(&f16_le_bytes(m));
+        }
+    }
+    w
+}
+
+fn q5_0_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
+    q5_row(r, nb, fill, false)
+}
+
+fn q5_1_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
+    q5_row(r, nb, fill, true)
+}
+
+/// A Q8_0 (`with_sum` false, 34-byte blocks) or Q8_1 (36 bytes, with an arbitrary `s`, which
+/// the kernels take as given) row: random quants (including -128), or every quant 127 / -128.
+fn q8_row(r: &mut Rng, nb: usize, fill: Fill, with_sum: bool) -> Vec<u8> {
+    let bb = if with_sum { 36 } else { 34 };
+    let head = bb - 32;
+    let mut x = r.bytes(nb * bb);
+    for b in x.chunks_mut(bb) {
+        let (d, s) = match fill {
+            Fill::Random => (r.f32(0.02), r.f32(50.0)),
+            _ => (1.0e-3, -60000.0),
+        };
+        b[..2].copy_from_slice(&f16_le_bytes(d));
+        if with_sum {
+            b[2..4].copy_from_slice(&f16_le_bytes(s));
+        }
+        match fill {
+            Fill::Random => {}
+            Fill::Max => b[head..].fill(127),
+            Fill::Min | Fill::Mixed => b[head..].fill(0x80),
+        }
+    }
+    x
+}
+
+fn q8_0_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
+    q8_row(r, nb, fill, false)
+}
+
+fn q8_1_row(r: &mut Rng, nb: usize, fill: Fill) -> Vec<u8> {
+    q8_row(r, nb, fill, true)
+}
+
 const FILLS: [Fill; 4] = [Fill::Random, Fill::Max, Fill::Min, Fill::Mixed];
 const BLOCK_COUNTS: [usize; 7] = [1, 2, 3, 7, 8, 9, 16];
 
@@ -275,6 +394,94 @@ fn q6_k_kernels_equal_the_reference_bit_for_bit() {
                     let one_n = xb.map(|x| dot_q6_k_q8_k_xn(t, wb, [x])[0]);
                     let four = dot_q6_k_q8_k_xn(t, wb, xb);
                     let two = dot_q6_k_q8_k_xn(t, wb, [xb[0], xb[1]]);
+                    assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&one_n), bits(&want), "xn::<1> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&two), bits(&want[..2]), "xn::<2> {fill:?} nb={nb} {a}");
+                }
+            }
+        }
+    }
+}
+
+/// The 32 bytes [`q5_quants`] unpacks equal the block's `quants()`.
+#[test]
+fn q5_quants_unpack_as_quants() {
+    if token().is_none() {
+        return;
+    }
+    let mut r = Rng::new(71);
+    for _ in 0..2000 {
+        let w = q5_0_row(&mut r, 1, Fill::Random);
+        let b: &BlockQ5_0 = &blocks(&w)[0];
+        let mut got = [0u8; 32];
+        // SAFETY: AVX2 was detected above; `got` has 32 bytes, storeu has no alignment
+        // requirement.
+        unsafe { _mm256_storeu_si256(got.as_mut_ptr().cast(), q5_quants(&b.qh, &b.qs)) };
+        assert_eq!(got, b.quants(), "{b:?}");
+    }
+}
+
+#[test]
+fn q5_0_kernels_equal_the_reference_bit_for_bit() {
+    if token().is_none() {
+        return;
+    }
+    let tokens: Vec<Token> = [Token::detect(), Token::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut r = Rng::new(72);
+    for fill in FILLS {
+        for nb in BLOCK_COUNTS {
+            for _ in 0..8 {
+                let w = q5_0_row(&mut r, nb, fill);
+                let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_0_row(&mut r, nb, fill)).collect();
+                let wb: &[BlockQ5_0] = blocks(&w);
+                let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                let want = xb.map(|x| reference_q5_0(wb, x));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                for &t in &tokens {
+                    let a = t.avx512();
+                    let one = xb.map(|x| dot_q5_0_q8_0(t, wb, x));
+                    let one_n = xb.map(|x| dot_q5_0_q8_0_xn(t, wb, [x])[0]);
+                    let four = dot_q5_0_q8_0_xn(t, wb, xb);
+                    let two = dot_q5_0_q8_0_xn(t, wb, [xb[0], xb[1]]);
+                    assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&one_n), bits(&want), "xn::<1> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb} {a}");
+                    assert_eq!(bits(&two), bits(&want[..2]), "xn::<2> {fill:?} nb={nb} {a}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q5_1_kernels_equal_the_reference_bit_for_bit() {
+    if token().is_none() {
+        return;
+    }
+    let tokens: Vec<Token> = [Token::detect(), Token::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut r = Rng::new(73);
+    for fill in FILLS {
+        for nb in BLOCK_COUNTS {
+            for _ in 0..8 {
+                let w = q5_1_row(&mut r, nb, fill);
+                let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_1_row(&mut r, nb, fill)).collect();
+                let wb: &[BlockQ5_1] = blocks(&w);
+                let xb: [&[BlockQ8_1]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                let want = xb.map(|x| reference_q5_1(wb, x));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                for &t in &tokens {
+                    let a = t.avx512();
+                    let one = xb.map(|x| dot_q5_1_q8_1(t, wb, x));
+                    let one_n = xb.map(|x| dot_q5_1_q8_1_xn(t, wb, [x])[0]);
+                    let four = dot_q5_1_q8_1_xn(t, wb, xb);
+                    let two = dot_q5_1_q8_1_xn(t, wb, [xb[0], xb[1]]);
                     assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb} {a}");
                     assert_eq!(bits(&one_n), bits(&want), "xn::<1> {fill:?} nb={nb} {a}");
                     assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb} {a}");
@@ -376,7 +583,7 @@ fn q4_k_kernels_equal_the_reference_bit_for_bit() {
 /// starting at 0) and `matvec_tokens` of every x86 SIMD set equal the reference per row.
 #[test]
 fn q6_k_dispatch_equals_the_reference_bit_for_bit() {
-    dispatch_equals_the_reference(GgmlType::Q6_K, 62, q6_k_row, |w, x| {
+    dispatch_equals_the_reference(GgmlType::Q6_K, 62, q6_k_row, q8_k_row, |w, x| {
         reference_q6_k(blocks(w), blocks(x))
     });
 }
@@ -384,24 +591,40 @@ fn q6_k_dispatch_equals_the_reference_bit_for_bit() {
 /// Row counts that are not multiples of 8 only: llama.cpp repacks the others (`repack.rs`).
 #[test]
 fn q4_k_dispatch_equals_the_reference_bit_for_bit() {
-    dispatch_equals_the_reference(GgmlType::Q4_K, 69, q4_k_row, |w, x| {
+    dispatch_equals_the_reference(GgmlType::Q4_K, 69, q4_k_row, q8_k_row, |w, x| {
         reference_q4_k(blocks(w), blocks(x))
     });
 }
 
 #[test]
 fn q5_k_dispatch_equals_the_reference_bit_for_bit() {
-    dispatch_equals_the_reference(GgmlType::Q5_K, 66, q5_k_row, |w, x| {
+    dispatch_equals_the_reference(GgmlType::Q5_K, 66, q5_k_row, q8_k_row, |w, x| {
         reference_q5_k(blocks(w), blocks(x))
     });
 }
 
+#[test]
+fn q5_0_dispatch_equals_the_reference_bit_for_bit() {
+    dispatch_equals_the_reference(GgmlType::Q5_0, 74, q5_0_row, q8_0_row, |w, x| {
+        reference_q5_0(blocks(w), blocks(x))
+    });
+}
+
+#[test]
+fn q5_1_dispatch_equals_the_reference_bit_for_bit() {
+    dispatch_equals_the_reference(GgmlType::Q5_1, 75, q5_1_row, q8_1_row, |w, x| {
+        reference_q5_1(blocks(w), blocks(x))
+    });
+}
+
 /// The body of the `*_dispatch_*` tests: `row(rng, blocks, fill)` makes weight rows of `ty`,
-/// `reference(w_row, x_row)` is the dot they must equal.
+/// `x_row` activation rows of its `vec_dot_type`, `reference(w_row, x_row)` is the dot they
+/// must equal.
 fn dispatch_equals_the_reference(
     ty: GgmlType,
     seed: u64,
     row: fn(&mut Rng, usize, Fill) -> Vec<u8>,
+    x_row: fn(&mut Rng, usize, Fill) -> Vec<u8>,
     reference: fn(&[u8], &[u8]) -> f32,
 ) {
     if token().is_none() {
@@ -414,11 +637,11 @@ fn dispatch_equals_the_reference(
     let mut r = Rng::new(seed);
     for fill in FILLS {
         for (nb, rows) in [(1usize, 3usize), (2, 17), (3, 9), (7, 21), (9, 33)] {
-            let n = nb * 256;
+            let n = nb * ty.block_size();
             let rb = nb * ty.block_bytes();
             let w: Vec<u8> = (0..rows).flat_map(|_| row(&mut r, nb, fill)).collect();
             let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
-                .map(|_| q8_k_row(&mut r, nb, fill))
+                .map(|_| x_row(&mut r, nb, fill))
                 .collect();
             let range = 1..rows;
             let want: Vec<Vec<u32>> = xs
@@ -770,5 +993,137 @@ fn bench_q4_k() {
         old / one,
         four * 1e6,
         old / four
+    );
+}
+
+/// Q5_0 and Q5_1: old (plain loop) against new kernels on the same data, prefill-shaped (4
+/// tokens through SmolLM2-135M's 1536 x 576 matrix, in L2) and decode-shaped (one token
+/// through 16000 x 2048 via `Kernels::matvec`).
+/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench_q5_ -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_q5_0_and_q5_1() {
+    use std::time::Instant;
+    if token().is_none() {
+        return;
+    }
+    let best_of = |reps: usize, f: &mut dyn FnMut()| {
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let s = Instant::now();
+            f();
+            best = best.min(s.elapsed().as_secs_f64());
+        }
+        best
+    };
+    let tokens: Vec<Token> = [Token::detect(), Token::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut r = Rng::new(76);
+    macro_rules! bench {
+        ($name:literal, $ty:expr, $row:ident, $xrow:ident, $wt:ty, $xt:ty, $reference:ident, $one:ident, $xn:ident) => {{
+            let (rows, nb) = (1536usize, 18usize);
+            let rb = nb * $ty.block_bytes();
+            let w = $row(&mut r, rows * nb, Fill::Random);
+            let xs: Vec<Vec<u8>> = (0..4).map(|_| $xrow(&mut r, nb, Fill::Random)).collect();
+            let xb: [&[$xt]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+            let mut y = vec![0.0f32; 4 * rows];
+            let old = best_of(20, &mut || {
+                for (i, wr) in w.chunks_exact(rb).enumerate() {
+                    for k in 0..4 {
+                        y[k * rows + i] = $reference(blocks::<$wt>(wr), xb[k]);
+                    }
+                }
+                std::hint::black_box(&mut y);
+            });
+            print!(
+                "{} prefill 4 tok x {rows}x{}: old {:.1} us",
+                $name,
+                nb * 32,
+                old * 1e6
+            );
+            for &t in &tokens {
+                let one = best_of(20, &mut || {
+                    for (i, wr) in w.chunks_exact(rb).enumerate() {
+                        for k in 0..4 {
+                            y[k * rows + i] = $one(t, blocks(wr), xb[k]);
+                        }
+                    }
+                    std::hint::black_box(&mut y);
+                });
+                let four = best_of(20, &mut || {
+                    for (i, wr) in w.chunks_exact(rb).enumerate() {
+                        let v = $xn(t, blocks(wr), xb);
+                        for k in 0..4 {
+                            y[k * rows + i] = v[k];
+                        }
+                    }
+                    std::hint::black_box(&mut y);
+                });
+                print!(
+                    "; {}: 1-token {:.1} us ({:.2}x), xn::<4> {:.1} us ({:.2}x)",
+                    if t.avx512() { "avx512" } else { "avx2" },
+                    one * 1e6,
+                    old / one,
+                    four * 1e6,
+                    old / four
+                );
+            }
+            println!();
+            let (rows, nb) = (16000usize, 64usize);
+            let rb = nb * $ty.block_bytes();
+            let w = $row(&mut r, rows * nb, Fill::Random);
+            let x = $xrow(&mut r, nb, Fill::Random);
+            let xb: &[$xt] = blocks(&x);
+            let mut y = vec![0.0f32; rows];
+            let old = best_of(5, &mut || {
+                for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+                    *yi = $reference(blocks(wr), xb);
+                }
+                std::hint::black_box(&mut y);
+            });
+            print!(
+                "{} decode {rows}x{}: old {:.2} ms",
+                $name,
+                nb * 32,
+                old * 1e3
+            );
+            for k in [Kernels::avx2(), Kernels::avx512()].into_iter().flatten() {
+                let new = best_of(5, &mut || {
+                    k.matvec($ty, nb * 32, &w, &x, 0..rows, &mut y);
+                    std::hint::black_box(&mut y);
+                });
+                print!(
+                    "; {} matvec {:.2} ms ({:.2}x)",
+                    k.isa_name(),
+                    new * 1e3,
+                    old / new
+                );
+            }
+            println!();
+        }};
+    }
+    bench!(
+        "q5_0",
+        GgmlType::Q5_0,
+        q5_0_row,
+        q8_0_row,
+        BlockQ5_0,
+        BlockQ8_0,
+        reference_q5_0,
+        dot_q5_0_q8_0,
+        dot_q5_0_q8_0_xn
+    );
+    bench!(
+        "q5_1",
+        GgmlType::Q5_1,
+        q5_1_row,
+        q8_1_row,
+        BlockQ5_1,
+        BlockQ8_1,
+        reference_q5_1,
+        dot_q5_1_q8_1,
+        dot_q5_1_q8_1_xn
     );
 }
