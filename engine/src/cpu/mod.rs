@@ -45,6 +45,8 @@ mod ops;
 mod q2_k;
 mod q3_k;
 mod q4_0;
+#[cfg(target_arch = "x86_64")]
+mod q4_0_rows;
 mod q4_1;
 mod q4_k;
 mod q5_0;
@@ -747,8 +749,7 @@ impl Kernels {
         // the rest one by one.
         #[cfg(target_arch = "x86_64")]
         macro_rules! rows8_with {
-            ($t:expr, $dot8:path, $dot:path) => {{
-                let xb = blocks(x);
+            ($dot8:expr, $dot:expr) => {{
                 let (y8, y1) = y.split_at_mut(y.len() / 8 * 8);
                 let (w8, w1) = w.split_at(y8.len() * rb);
                 for (i, (ys, ws)) in y8
@@ -758,10 +759,10 @@ impl Kernels {
                 {
                     prefetch_ahead(w, (i + 1) * 8 * rb + PREFETCH_BYTES, 8 * rb);
                     let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                    ys.copy_from_slice(&$dot8($t, rows8, xb));
+                    ys.copy_from_slice(&$dot8(rows8));
                 }
                 for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
-                    *yi = $dot($t, blocks(wr), xb);
+                    *yi = $dot(blocks(wr));
                 }
             }};
         }
@@ -769,10 +770,18 @@ impl Kernels {
             // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                // The activation's per-block sums, once for all groups of 8 rows.
+                let mut stack = [q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS];
+                let mut heap = Vec::new();
+                let a = if y.len() >= 8 {
+                    q4_0_rows::prepared(t, xb, &mut stack, &mut heap)
+                } else {
+                    &[]
+                };
                 rows8_with!(
-                    t,
-                    repack::avx2::dot_q4_0_q8_0_rows8,
-                    repack::avx2::dot_q4_0_q8_0
+                    |rows8| q4_0_rows::dot_q4_0_q8_0_rows8(t, rows8, xb, a),
+                    |wr| repack::avx2::dot_q4_0_q8_0(t, wr, xb)
                 )
             }
             #[cfg(target_arch = "x86_64")]
@@ -1063,11 +1072,23 @@ impl Kernels {
                     // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
                     let xbl = x.map(blocks);
                     let n8 = y[0].len() / 8 * 8;
-                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
-                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                        let r = repack::avx2::dot_q4_0_q8_0_rows8_x4(t, rows8, xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
+                    if n8 > 0 {
+                        // Each token's per-block sums, once for all groups of 8 rows.
+                        let mut stack =
+                            [[q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS]; 4];
+                        let mut heap: [Vec<q4_0_rows::ActBlock>; 4] = Default::default();
+                        let mut a: [&[q4_0_rows::ActBlock]; 4] = [&[]; 4];
+                        for (((a, s), h), xt) in
+                            a.iter_mut().zip(&mut stack).zip(&mut heap).zip(xbl)
+                        {
+                            *a = q4_0_rows::prepared(t, xt, s, h);
+                        }
+                        for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
+                            let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
+                            let r = q4_0_rows::dot_q4_0_q8_0_rows8_x4(t, rows8, xbl, a);
+                            for (yt, rt) in y.iter_mut().zip(r) {
+                                yt[8 * g..8 * g + 8].copy_from_slice(&rt);
+                            }
                         }
                     }
                     for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {

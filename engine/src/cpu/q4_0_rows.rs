@@ -1,0 +1,601 @@
+//! Q4_0 · Q8_0 for 8 weight rows at once with row r in SIMD lane r (llama.cpp's repacked order,
+//! `ggml_gemv/gemm_q4_0_8x8_q8_0`, see `repack.rs`), without repacking the weights in memory and
+//! without horizontal sums.
+//!
+//! Per 32-element block, the 16 quant bytes of the 8 rows are loaded as 4 registers
+//! `[row k | row k+4]` and transposed 4x4 by dwords inside the 128-bit halves, so that register
+//! `j` holds bytes `4j..4j+3` of row r in lane r; its low nibbles are elements `4j..4j+3` and its
+//! high nibbles elements `16+4j..16+4j+3` of every row. The activation's matching 4 bytes are
+//! broadcast to all lanes, so one `maddubs` (AVX2) or `vpdpbusd` (VNNI) multiplies 4 elements of
+//! all 8 rows, and the lane sums are the rows' block dots: no reduction across lanes. The
+//! transpose and the nibble split are done once per block and shared by all tokens.
+//!
+//! The integer work differs from llama.cpp's but its results are exact: per row and block
+//! `isum = sum q*y - 8 * sum y` (q the nibble 0..15, y the i8 activation), where `-8 * sum y` is
+//! the same for every row and is prepared once per activation block ([`ActBlock`]). The f32
+//! operations per row are exactly the portable order's: `acc = fma(isum as f32, d_w * d_x, acc)`
+//! per block, so results are bit-identical to `repack::dot_q4_0_q8_0`.
+//!
+//! i16 bounds (AVX2): a `maddubs` pair sum is at most `2 * 15 * 128 = 3840` in magnitude, and
+//! the 8 results of a block are added in i16, so each i16 lane holds 16 products, at most
+//! `16 * 15 * 128 = 30720 < 32767`: nothing saturates. VNNI accumulates in i32 directly.
+
+use std::arch::x86_64::*;
+
+use super::avx2::Token;
+use super::q4_0::BlockQ4_0;
+use super::q8_0::BlockQ8_0;
+
+/// What the kernels need of one Q8_0 activation block besides its quants, computed once per
+/// activation row and shared by every group of 8 weight rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct ActBlock {
+    /// `-8 * sum(qs)`: the `- 8` of Q4_0's `q - 8`, the same for every weight row.
+    offset: i32,
+    /// The block scale as f32.
+    d: f32,
+}
+
+/// Activation blocks the callers keep on the stack per token; longer rows use the heap.
+pub(super) const STACK_BLOCKS: usize = 256;
+
+/// Fills `out[i]` with block `x[i]`'s [`ActBlock`].
+///
+/// # Panics
+/// If `out` is shorter than `x`.
+pub(super) fn prepare(t: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
+    assert!(out.len() >= x.len(), "prepare: output too short");
+    // SAFETY: the token proves AVX2, FMA and F16C; `out` checked.
+    unsafe { prepare_impl(t, x, out) }
+}
+
+/// # Safety
+/// AVX2, FMA and F16C are present; `out.len() >= x.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prepare_impl(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    for (bx, o) in x.iter().zip(out.iter_mut()) {
+        // SAFETY: `qs` is 32 readable bytes; loadu has no alignment requirement.
+        let y = unsafe { _mm256_loadu_si256(bx.qs.as_ptr().cast()) };
+        // Pair sums of at most 2 * 128 in magnitude, then 8 i32 partial sums: exact.
+        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
+        *o = ActBlock {
+            offset: -8 * _mm_cvtsi128_si32(s),
+            d: bx.d(),
+        };
+    }
+}
+
+/// Block `i` of the 8 rows, transposed: for `j < 4`, lane r of `q[j]` holds the low nibbles of
+/// bytes `4j..4j+3` of row r (elements `4j..4j+3`) and lane r of `q[4 + j]` their high nibbles
+/// (elements `16+4j..16+4j+3`), one unsigned byte (0..15) per element; and the 8 rows' scales as
+/// f32, row r in lane r.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transposed_block(b: [&BlockQ4_0; 8]) -> ([__m256i; 8], __m256) {
+    // SAFETY: every `qs` is 16 readable bytes; loadu2 has no alignment requirement.
+    let r = unsafe {
+        [
+            _mm256_loadu2_m128i(b[4].qs.as_ptr().cast(), b[0].qs.as_ptr().cast()),
+            _mm256_loadu2_m128i(b[5].qs.as_ptr().cast(), b[1].qs.as_ptr().cast()),
+            _mm256_loadu2_m128i(b[6].qs.as_ptr().cast(), b[2].qs.as_ptr().cast()),
+            _mm256_loadu2_m128i(b[7].qs.as_ptr().cast(), b[3].qs.as_ptr().cast()),
+        ]
+    };
+    // 4x4 dword transpose in each 128-bit half: [rows 0..3 | rows 4..7] of dword j.
+    let a0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let a1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let a2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let a3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    let t = [
+        _mm256_unpacklo_epi64(a0, a2),
+        _mm256_unpackhi_epi64(a0, a2),
+        _mm256_unpacklo_epi64(a1, a3),
+        _mm256_unpackhi_epi64(a1, a3),
+    ];
+    let m = _mm256_set1_epi8(0x0F);
+    let q = [
+        _mm256_and_si256(t[0], m),
+        _mm256_and_si256(t[1], m),
+        _mm256_and_si256(t[2], m),
+        _mm256_and_si256(t[3], m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(t[0]), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(t[1]), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(t[2]), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(t[3]), m),
+    ];
+    let h = b.map(|b| i16::from_le_bytes(b.d));
+    let d = _mm256_cvtph_ps(_mm_setr_epi16(
+        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7],
+    ));
+    (q, d)
+}
+
+/// Activation dword `j` (elements `4j..4j+3`) of `y` in every lane.
+///
+/// # Safety
+/// AVX2 is present; `j < 8`.
+#[inline(always)]
+unsafe fn broadcast_dword(y: &[i8; 32], j: usize) -> __m256i {
+    debug_assert!(j < 8);
+    // SAFETY: `4j + 4 <= 32` (caller), so the 4 bytes are inside `y`; read_unaligned has no
+    // alignment requirement.
+    let v = unsafe { std::ptr::read_unaligned(y.as_ptr().add(4 * j).cast::<i32>()) };
+    _mm256_set1_epi32(v)
+}
+
+/// Lane r: the exact block dot `sum (q - 8) * y` of row r, with `maddubs` (see the module doc
+/// for the i16 bounds).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_dots_avx2(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256i {
+    // SAFETY (every `broadcast_dword`): j < 8 and AVX2 is present.
+    let m = |j: usize| _mm256_maddubs_epi16(q[j], unsafe { broadcast_dword(y, j) });
+    let s01 = _mm256_add_epi16(m(0), m(1));
+    let s23 = _mm256_add_epi16(m(2), m(3));
+    let s45 = _mm256_add_epi16(m(4), m(5));
+    let s67 = _mm256_add_epi16(m(6), m(7));
+    let s = _mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67));
+    let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+    _mm256_add_epi32(s, _mm256_set1_epi32(a.offset))
+}
+
+/// [`block_dots_avx2`] with `vpdpbusd` (u8 nibble x i8 activation, 4 products per i32 lane),
+/// in two chains to halve the dependency length.
+///
+/// # Safety
+/// AVX2, FMA, F16C, AVX-512 VL and VNNI are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn block_dots_vnni(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256i {
+    // SAFETY (every `broadcast_dword`): j < 8 and AVX2 is present.
+    let b = |j: usize| unsafe { broadcast_dword(y, j) };
+    let mut s0 = _mm256_set1_epi32(a.offset);
+    let mut s1 = _mm256_setzero_si256();
+    for j in (0..8).step_by(2) {
+        s0 = _mm256_dpbusd_epi32(s0, q[j], b(j));
+        s1 = _mm256_dpbusd_epi32(s1, q[j + 1], b(j + 1));
+    }
+    _mm256_add_epi32(s0, s1)
+}
+
+/// Generates the one-token (`$rows8`) and four-token (`$rows8_x4`) kernels with the block dot
+/// `$dots` under the target features `$feat`.
+macro_rules! kernels {
+    ($feat:literal, $dots:ident, $rows8:ident, $rows8_x4:ident) => {
+        /// 8 weight rows with one activation row: lane r accumulates row r.
+        ///
+        /// # Safety
+        /// The CPU has the features this function is compiled for; every `w[r]` and `a` have
+        /// at least `x.len()` blocks.
+        #[target_feature(enable = $feat)]
+        unsafe fn $rows8(w: [&[BlockQ4_0]; 8], x: &[BlockQ8_0], a: &[ActBlock]) -> [f32; 8] {
+            let mut acc = _mm256_setzero_ps();
+            for (i, bx) in x.iter().enumerate() {
+                // SAFETY: i < x.len() <= w[r].len(), a.len() (caller); the features are
+                // this function's.
+                unsafe {
+                    let (q, dw) = transposed_block(w.map(|r| r.get_unchecked(i)));
+                    let ai = *a.get_unchecked(i);
+                    let isum = $dots(&q, &bx.qs, ai);
+                    // Lane r: d_w(r) * d_x, then fma(isum, that, acc): the portable order.
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(ai.d));
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
+                }
+            }
+            let mut out = [0.0f32; 8];
+            // SAFETY: `out` is 8 writable f32; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+            out
+        }
+
+        /// 8 weight rows with 4 activation rows: the transposed block is shared by the tokens,
+        /// token t accumulates in its own register, lane r = row r.
+        ///
+        /// # Safety
+        /// The CPU has the features this function is compiled for; every `w[r]` and `a[t]`
+        /// have at least `x[0].len()` blocks, and every `x[t]` as many.
+        #[target_feature(enable = $feat)]
+        unsafe fn $rows8_x4(
+            w: [&[BlockQ4_0]; 8],
+            x: [&[BlockQ8_0]; 4],
+            a: [&[ActBlock]; 4],
+        ) -> [[f32; 8]; 4] {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..x[0].len() {
+                // SAFETY: i < x[t].len() <= w[r].len(), a[t].len() (caller); the features
+                // are this function's.
+                unsafe {
+                    let (q, dw) = transposed_block(w.map(|r| r.get_unchecked(i)));
+                    for t in 0..4 {
+                        let bx = x[t].get_unchecked(i);
+                        let ai = *a[t].get_unchecked(i);
+                        let isum = $dots(&q, &bx.qs, ai);
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(ai.d));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[t]);
+                    }
+                }
+            }
+            let mut out = [[0.0f32; 8]; 4];
+            for t in 0..4 {
+                // SAFETY: `out[t]` is 8 writable f32; storeu has no alignment requirement.
+                unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+            }
+            out
+        }
+    };
+}
+
+kernels!("avx2,fma,f16c", block_dots_avx2, rows8_avx2, rows8_x4_avx2);
+kernels!(
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    block_dots_vnni,
+    rows8_vnni,
+    rows8_x4_vnni
+);
+
+/// Q4_0 · Q8_0 of 8 weight rows with one activation row in llama.cpp's repacked order,
+/// bit-identical to `repack::dot_q4_0_q8_0` per row; `a` is `x`'s [`prepare`]d blocks. Uses
+/// VNNI where the token has AVX-512.
+///
+/// # Panics
+/// If a weight row or `a` has fewer blocks than `x`.
+pub(super) fn dot_q4_0_q8_0_rows8(
+    t: Token,
+    w: [&[BlockQ4_0]; 8],
+    x: &[BlockQ8_0],
+    a: &[ActBlock],
+) -> [f32; 8] {
+    let n = x.len();
+    assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
+    assert!(a.len() >= n, "prepared activation too short");
+    // SAFETY: the token proves AVX2, FMA and F16C, and with `avx512()` AVX-512 F/BW/VL/VNNI;
+    // lengths checked.
+    unsafe {
+        if t.avx512() {
+            rows8_vnni(w, x, a)
+        } else {
+            rows8_avx2(w, x, a)
+        }
+    }
+}
+
+/// [`dot_q4_0_q8_0_rows8`] with 4 activation rows: `out[t][r]` is row r with token t.
+///
+/// # Panics
+/// If the activation rows differ in length, or a weight row or an `a[t]` is shorter.
+pub(super) fn dot_q4_0_q8_0_rows8_x4(
+    t: Token,
+    w: [&[BlockQ4_0]; 8],
+    x: [&[BlockQ8_0]; 4],
+    a: [&[ActBlock]; 4],
+) -> [[f32; 8]; 4] {
+    let n = x[0].len();
+    assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+    assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
+    assert!(
+        a.iter().all(|r| r.len() >= n),
+        "prepared activation too short"
+    );
+    // SAFETY: as in `dot_q4_0_q8_0_rows8`; lengths checked.
+    unsafe {
+        if t.avx512() {
+            rows8_x4_vnni(w, x, a)
+        } else {
+            rows8_x4_avx2(w, x, a)
+        }
+    }
+}
+
+/// `x`'s [`prepare`]d blocks in `stack` if they fit, else in `heap`.
+pub(super) fn prepared<'a>(
+    t: Token,
+    x: &[BlockQ8_0],
+    stack: &'a mut [ActBlock; STACK_BLOCKS],
+    heap: &'a mut Vec<ActBlock>,
+) -> &'a [ActBlock] {
+    let out = if x.len() <= STACK_BLOCKS {
+        &mut stack[..x.len()]
+    } else {
+        heap.resize(x.len(), ActBlock::default());
+        &mut heap[..]
+    };
+    prepare(t, x, out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::repack::tests::{q8_0_row, random_blocks, scale};
+    use super::super::repack::{self, avx2 as old};
+    use super::super::testutil::Rng;
+    use super::super::{avx2, blocks, Kernels, MATVEC_TOKENS};
+    use super::*;
+    use crate::tensor::GgmlType;
+
+    /// How the weight blocks of a test are filled.
+    #[derive(Clone, Copy, Debug)]
+    enum Fill {
+        Random,
+        /// Largest f16 scales.
+        ExtremeScales,
+        /// Every nibble 0 (the most negative weight, -8).
+        AllMin,
+        /// Every nibble 15.
+        AllMax,
+    }
+
+    const FILLS: [Fill; 4] = [
+        Fill::Random,
+        Fill::ExtremeScales,
+        Fill::AllMin,
+        Fill::AllMax,
+    ];
+
+    /// `rows` Q4_0 rows of `nb` blocks.
+    fn weights(r: &mut Rng, rows: usize, nb: usize, fill: Fill) -> Vec<u8> {
+        random_blocks(r, rows * nb, 18, |r, b| {
+            b[..2].copy_from_slice(&scale(r, matches!(fill, Fill::ExtremeScales)));
+            match fill {
+                Fill::AllMin => b[2..].fill(0x00),
+                Fill::AllMax => b[2..].fill(0xFF),
+                _ => {}
+            }
+        })
+    }
+
+    /// Every token this CPU has: AVX2, and the AVX-512 (VNNI) one where present.
+    fn tokens() -> Vec<Token> {
+        avx2::Token::detect()
+            .into_iter()
+            .chain(avx2::Token::detect_avx512())
+            .collect()
+    }
+
+    fn prep(t: Token, x: &[BlockQ8_0]) -> Vec<ActBlock> {
+        let mut a = vec![ActBlock::default(); x.len()];
+        prepare(t, x, &mut a);
+        a
+    }
+
+    /// The prepared offsets and scales are the exact `-8 * sum` and the f16 scale, for
+    /// activations -128 and 127 too.
+    #[test]
+    fn prepare_is_exact() {
+        let mut r = Rng::new(5);
+        for t in tokens() {
+            for extreme in [false, true] {
+                let x = q8_0_row(&mut r, 9, extreme);
+                let xb: &[BlockQ8_0] = blocks(&x);
+                for (b, a) in xb.iter().zip(prep(t, xb)) {
+                    let s: i32 = b.qs.iter().map(|&v| i32::from(v)).sum();
+                    assert_eq!(a.offset, -8 * s);
+                    assert_eq!(a.d.to_bits(), b.d().to_bits());
+                }
+            }
+        }
+    }
+
+    /// Both kernels, in both variants, equal the portable repacked order (and the previous AVX2
+    /// kernels) bit for bit: random and extreme blocks, activations all -128 / 127, odd block
+    /// counts.
+    #[test]
+    fn rows8_bit_identical_to_the_portable_order() {
+        let mut r = Rng::new(17);
+        for t in tokens() {
+            for nb in [1usize, 2, 3, 7, 9] {
+                for fill in FILLS {
+                    for extreme_x in [false, true] {
+                        let w = weights(&mut r, 8, nb, fill);
+                        let rb = nb * 18;
+                        let rows: [&[BlockQ4_0]; 8] =
+                            std::array::from_fn(|k| blocks(&w[k * rb..(k + 1) * rb]));
+                        let xs: Vec<Vec<u8>> = (0..4)
+                            .map(|k| q8_0_row(&mut r, nb, extreme_x && k != 1))
+                            .collect();
+                        let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                        let a: Vec<Vec<ActBlock>> = xb.iter().map(|x| prep(t, x)).collect();
+                        let ab: [&[ActBlock]; 4] = std::array::from_fn(|k| &a[k][..]);
+                        let got4 = dot_q4_0_q8_0_rows8_x4(t, rows, xb, ab);
+                        let old4 = old::dot_q4_0_q8_0_rows8_x4(t, rows, xb);
+                        for tok in 0..4 {
+                            let got1 = dot_q4_0_q8_0_rows8(t, rows, xb[tok], ab[tok]);
+                            let old1 = old::dot_q4_0_q8_0_rows8(t, rows, xb[tok]);
+                            for k in 0..8 {
+                                let want = repack::dot_q4_0_q8_0(rows[k], xb[tok]);
+                                let ctx = format!(
+                                    "avx512={} nb={nb} {fill:?} x_extreme={extreme_x} token {tok} row {k}",
+                                    t.avx512()
+                                );
+                                assert_eq!(got1[k].to_bits(), want.to_bits(), "rows8 {ctx}");
+                                assert_eq!(got4[tok][k].to_bits(), want.to_bits(), "x4 {ctx}");
+                                assert_eq!(old1[k].to_bits(), want.to_bits(), "old {ctx}");
+                                assert_eq!(old4[tok][k].to_bits(), want.to_bits(), "old4 {ctx}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Through `Kernels::matvec` / `matvec_tokens`, every x86 kernel set: matrices of 8, 16 and
+    /// 24 rows (whole and partial row ranges, so that groups of 8 and leftover rows both occur)
+    /// take the repacked order; a 12-row matrix takes `vec_dot`'s.
+    #[test]
+    fn matvec_q4_0_groups_of_8_bit_identical() {
+        let mut r = Rng::new(23);
+        for nb in [1usize, 3, 9] {
+            let n = nb * 32;
+            let rb = nb * 18;
+            for n_rows in [8usize, 12, 16, 24] {
+                let w = weights(&mut r, n_rows, nb, Fill::Random);
+                let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
+                    .map(|k| q8_0_row(&mut r, nb, k == 2))
+                    .collect();
+                for range in [0..n_rows, 1..n_rows, 0..8, 3..n_rows - 1] {
+                    for k in Kernels::available() {
+                        let want = |x: &[u8], row: usize| {
+                            let wr = &w[row * rb..(row + 1) * rb];
+                            if n_rows % 8 == 0 {
+                                repack::dot_q4_0_q8_0(blocks(wr), blocks(x))
+                            } else {
+                                k.vec_dot(GgmlType::Q4_0, n, wr, x)
+                            }
+                        };
+                        let ctx = format!("{} nb={nb} rows={n_rows} {range:?}", k.isa_name());
+                        let mut ys = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
+                        for (x, y) in xs.iter().zip(&mut ys) {
+                            k.matvec(GgmlType::Q4_0, n, &w, x, range.clone(), y);
+                            for (i, row) in range.clone().enumerate() {
+                                assert_eq!(y[i].to_bits(), want(x, row).to_bits(), "{ctx}");
+                            }
+                        }
+                        let mut ys4 = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
+                        let [a, b, c, d] = &mut ys4[..] else {
+                            unreachable!()
+                        };
+                        let x4 = std::array::from_fn(|t| &xs[t][..]);
+                        if k.matvec_tokens(GgmlType::Q4_0, n, &w, x4, range.clone(), [a, b, c, d]) {
+                            assert_eq!(ys4, ys, "tokens {ctx}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Old (one register per row, then horizontal sums) against new (rows in the lanes) in the
+    /// same process, best of several runs (`--ignored --nocapture`, prints only).
+    #[test]
+    #[ignore]
+    fn bench_q4_0_rows8() {
+        use std::hint::black_box;
+        use std::time::Instant;
+        let mut r = Rng::new(3);
+        let best = |f: &mut dyn FnMut()| {
+            (0..7)
+                .map(|_| {
+                    let s = Instant::now();
+                    f();
+                    s.elapsed().as_secs_f64()
+                })
+                .fold(f64::MAX, f64::min)
+        };
+        for t in tokens() {
+            // Prefill: 64 rows of 2048 (cache-resident), 4 tokens, many passes.
+            let (nb, n_rows) = (64usize, 64usize);
+            let rb = nb * 18;
+            let w = weights(&mut r, n_rows, nb, Fill::Random);
+            let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_0_row(&mut r, nb, false)).collect();
+            let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+            let groups: Vec<[&[BlockQ4_0]; 8]> = (0..n_rows / 8)
+                .map(|g| {
+                    std::array::from_fn(|k| blocks(&w[(8 * g + k) * rb..(8 * g + k + 1) * rb]))
+                })
+                .collect();
+            let passes = 2000;
+            let t_old = best(&mut || {
+                for _ in 0..passes {
+                    for g in &groups {
+                        black_box(old::dot_q4_0_q8_0_rows8_x4(t, *g, xb));
+                    }
+                }
+            });
+            let t_new = best(&mut || {
+                for _ in 0..passes {
+                    // As matvec_tokens does per call (16 rows): prepare, then the groups.
+                    for pair in groups.chunks(2) {
+                        let a: Vec<Vec<ActBlock>> = xb.iter().map(|x| prep(t, x)).collect();
+                        let ab: [&[ActBlock]; 4] = std::array::from_fn(|k| &a[k][..]);
+                        for g in pair {
+                            black_box(dot_q4_0_q8_0_rows8_x4(t, *g, xb, ab));
+                        }
+                    }
+                }
+            });
+            // The dispatch itself, in calls of 16 rows as the executor makes them.
+            let k = if t.avx512() {
+                Kernels::avx512()
+            } else {
+                Kernels::avx2()
+            }
+            .unwrap();
+            let mut ys = vec![vec![0f32; 16]; 4];
+            let t_dispatch = best(&mut || {
+                for _ in 0..passes {
+                    for c in 0..n_rows / 16 {
+                        let [y0, y1, y2, y3] = &mut ys[..] else {
+                            unreachable!()
+                        };
+                        let x4 = std::array::from_fn(|t| &xs[t][..]);
+                        let n = nb * 32;
+                        let range = 16 * c..16 * c + 16;
+                        k.matvec_tokens(GgmlType::Q4_0, n, &w, x4, range, [y0, y1, y2, y3]);
+                        black_box(&mut ys);
+                    }
+                }
+            });
+            println!("  through matvec_tokens: {:.2} ms", t_dispatch * 1e3);
+            let a: Vec<Vec<ActBlock>> = xb.iter().map(|x| prep(t, x)).collect();
+            let ab: [&[ActBlock]; 4] = std::array::from_fn(|k| &a[k][..]);
+            let t_kernel = best(&mut || {
+                for _ in 0..passes {
+                    for g in &groups {
+                        black_box(dot_q4_0_q8_0_rows8_x4(t, *g, xb, ab));
+                    }
+                }
+            });
+            println!(
+                "prefill x4 avx512={}: old {:.2} ms, new {:.2} ms (kernel alone {:.2} ms): {:.2}x",
+                t.avx512(),
+                t_old * 1e3,
+                t_new * 1e3,
+                t_kernel * 1e3,
+                t_old / t_new
+            );
+            // Decode: one token, cache-resident (64 rows x 2048) and streamed (20000 x 2048).
+            for (n_rows, passes) in [(64usize, 8000), (20000, 10)] {
+                let w = weights(&mut r, n_rows, nb, Fill::Random);
+                let groups: Vec<[&[BlockQ4_0]; 8]> = (0..n_rows / 8)
+                    .map(|g| {
+                        std::array::from_fn(|k| blocks(&w[(8 * g + k) * rb..(8 * g + k + 1) * rb]))
+                    })
+                    .collect();
+                let t_old = best(&mut || {
+                    for _ in 0..passes {
+                        for g in &groups {
+                            black_box(old::dot_q4_0_q8_0_rows8(t, *g, xb[0]));
+                        }
+                    }
+                });
+                let t_new = best(&mut || {
+                    for _ in 0..passes {
+                        let a = prep(t, xb[0]);
+                        for g in &groups {
+                            black_box(dot_q4_0_q8_0_rows8(t, *g, xb[0], &a));
+                        }
+                    }
+                });
+                println!(
+                    "decode {n_rows} rows avx512={}: old {:.2} ms, new {:.2} ms: {:.2}x ({:.1} GB/s new)",
+                    t.avx512(),
+                    t_old * 1e3,
+                    t_new * 1e3,
+                    t_old / t_new,
+                    (w.len() * passes) as f64 / t_new / 1e9
+                );
+            }
+        }
+    }
+}
