@@ -1072,23 +1072,11 @@ impl Kernels {
                     // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
                     let xbl = x.map(blocks);
                     let n8 = y[0].len() / 8 * 8;
-                    if n8 > 0 {
-                        // Each token's per-block sums, once for all groups of 8 rows.
-                        let mut stack =
-                            [[q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS]; 4];
-                        let mut heap: [Vec<q4_0_rows::ActBlock>; 4] = Default::default();
-                        let mut a: [&[q4_0_rows::ActBlock]; 4] = [&[]; 4];
-                        for (((a, s), h), xt) in
-                            a.iter_mut().zip(&mut stack).zip(&mut heap).zip(xbl)
-                        {
-                            *a = q4_0_rows::prepared(t, xt, s, h);
-                        }
-                        for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
-                            let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                            let r = q4_0_rows::dot_q4_0_q8_0_rows8_x4(t, rows8, xbl, a);
-                            for (yt, rt) in y.iter_mut().zip(r) {
-                                yt[8 * g..8 * g + 8].copy_from_slice(&rt);
-                            }
+                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
+                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
+                        let r = q4_0_rows::dot_q4_0_q8_0_rows8_x4(t, rows8, xbl);
+                        for (yt, rt) in y.iter_mut().zip(r) {
+                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
                         }
                     }
                     for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {

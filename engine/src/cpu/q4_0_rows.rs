@@ -70,6 +70,39 @@ unsafe fn prepare_impl(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
     }
 }
 
+/// The [`ActBlock`]s of one block of 4 activation rows, the 4 sums reduced together: pair
+/// sums (`maddubs` with ones, at most 2 * 128 in magnitude), three rounds of `hadd` (sums of at
+/// most 8 bytes, within i16), then pairs to i32 and the two halves added: exact.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_sums_x4(b: [&BlockQ8_0; 4]) -> [ActBlock; 4] {
+    let ones8 = _mm256_set1_epi8(1);
+    // SAFETY: every `qs` is 32 readable bytes; loadu has no alignment requirement.
+    let p =
+        b.map(|b| _mm256_maddubs_epi16(ones8, unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) }));
+    let h01 = _mm256_hadd_epi16(p[0], p[1]);
+    let h23 = _mm256_hadd_epi16(p[2], p[3]);
+    // Each half: [token 0 (2 sums), token 1 (2), token 2 (2), token 3 (2)].
+    let h = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_set1_epi16(1));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let offsets = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32::<3>(s));
+    let h = b.map(|b| i16::from_le_bytes(b.d));
+    let d = _mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0));
+    let (mut o, mut df) = ([0i32; 4], [0f32; 4]);
+    // SAFETY: both arrays are 16 writable bytes; storeu has no alignment requirement.
+    unsafe {
+        _mm_storeu_si128(o.as_mut_ptr().cast(), offsets);
+        _mm_storeu_ps(df.as_mut_ptr(), d);
+    }
+    std::array::from_fn(|t| ActBlock {
+        offset: o[t],
+        d: df[t],
+    })
+}
+
 /// Block `i` of the 8 rows, transposed: for `j < 4`, lane r of `q[j]` holds the low nibbles of
 /// bytes `4j..4j+3` of row r (elements `4j..4j+3`) and lane r of `q[4 + j]` their high nibbles
 /// (elements `16+4j..16+4j+3`), one unsigned byte (0..15) per element; and the 8 rows' scales as
@@ -200,28 +233,26 @@ macro_rules! kernels {
         }
 
         /// 8 weight rows with 4 activation rows: the transposed block is shared by the tokens,
-        /// token t accumulates in its own register, lane r = row r.
+        /// token t accumulates in its own register, lane r = row r. The activations' block sums
+        /// and scales are formed here for the 4 tokens together ([`block_sums_x4`]): a call
+        /// covers few rows (the executor's chunks), too few to amortize a separate pass.
         ///
         /// # Safety
-        /// The CPU has the features this function is compiled for; every `w[r]` and `a[t]`
-        /// have at least `x[0].len()` blocks, and every `x[t]` as many.
+        /// The CPU has the features this function is compiled for; every `w[r]` has at least
+        /// `x[0].len()` blocks, and every `x[t]` as many.
         #[target_feature(enable = $feat)]
-        unsafe fn $rows8_x4(
-            w: [&[BlockQ4_0]; 8],
-            x: [&[BlockQ8_0]; 4],
-            a: [&[ActBlock]; 4],
-        ) -> [[f32; 8]; 4] {
+        unsafe fn $rows8_x4(w: [&[BlockQ4_0]; 8], x: [&[BlockQ8_0]; 4]) -> [[f32; 8]; 4] {
             let mut acc = [_mm256_setzero_ps(); 4];
             for i in 0..x[0].len() {
-                // SAFETY: i < x[t].len() <= w[r].len(), a[t].len() (caller); the features
-                // are this function's.
+                // SAFETY: i < x[t].len() <= w[r].len() (caller); the features are this
+                // function's.
                 unsafe {
                     let (q, dw) = transposed_block(w.map(|r| r.get_unchecked(i)));
+                    let bx = x.map(|r| r.get_unchecked(i));
+                    let a = block_sums_x4(bx);
                     for t in 0..4 {
-                        let bx = x[t].get_unchecked(i);
-                        let ai = *a[t].get_unchecked(i);
-                        let isum = $dots(&q, &bx.qs, ai);
-                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(ai.d));
+                        let isum = $dots(&q, &bx[t].qs, a[t]);
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(a[t].d));
                         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[t]);
                     }
                 }
@@ -270,29 +301,25 @@ pub(super) fn dot_q4_0_q8_0_rows8(
     }
 }
 
-/// [`dot_q4_0_q8_0_rows8`] with 4 activation rows: `out[t][r]` is row r with token t.
+/// [`dot_q4_0_q8_0_rows8`] with 4 activation rows: `out[t][r]` is row r with token t (the
+/// activations' block sums are formed inside).
 ///
 /// # Panics
-/// If the activation rows differ in length, or a weight row or an `a[t]` is shorter.
+/// If the activation rows differ in length, or a weight row is shorter.
 pub(super) fn dot_q4_0_q8_0_rows8_x4(
     t: Token,
     w: [&[BlockQ4_0]; 8],
     x: [&[BlockQ8_0]; 4],
-    a: [&[ActBlock]; 4],
 ) -> [[f32; 8]; 4] {
     let n = x[0].len();
     assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
     assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
-    assert!(
-        a.iter().all(|r| r.len() >= n),
-        "prepared activation too short"
-    );
     // SAFETY: as in `dot_q4_0_q8_0_rows8`; lengths checked.
     unsafe {
         if t.avx512() {
-            rows8_x4_vnni(w, x, a)
+            rows8_x4_vnni(w, x)
         } else {
-            rows8_x4_avx2(w, x, a)
+            rows8_x4_avx2(w, x)
         }
     }
 }
@@ -406,7 +433,7 @@ mod tests {
                         let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
                         let a: Vec<Vec<ActBlock>> = xb.iter().map(|x| prep(t, x)).collect();
                         let ab: [&[ActBlock]; 4] = std::array::from_fn(|k| &a[k][..]);
-                        let got4 = dot_q4_0_q8_0_rows8_x4(t, rows, xb, ab);
+                        let got4 = dot_q4_0_q8_0_rows8_x4(t, rows, xb);
                         let old4 = old::dot_q4_0_q8_0_rows8_x4(t, rows, xb);
                         for tok in 0..4 {
                             let got1 = dot_q4_0_q8_0_rows8(t, rows, xb[tok], ab[tok]);
@@ -476,124 +503,80 @@ mod tests {
     }
 
     /// Old (one register per row, then horizontal sums) against new (rows in the lanes) in the
-    /// same process, best of several runs (`--ignored --nocapture`, prints only).
+    /// same process, runs interleaved, best of 15 each (`--ignored --nocapture`, prints only).
     #[test]
     #[ignore]
     fn bench_q4_0_rows8() {
         use std::hint::black_box;
         use std::time::Instant;
+        fn compare(what: &str, old: &mut dyn FnMut(), new: &mut dyn FnMut()) {
+            let (mut t_old, mut t_new) = (f64::MAX, f64::MAX);
+            for _ in 0..15 {
+                let s = Instant::now();
+                old();
+                t_old = t_old.min(s.elapsed().as_secs_f64());
+                let s = Instant::now();
+                new();
+                t_new = t_new.min(s.elapsed().as_secs_f64());
+            }
+            println!(
+                "{what}: old {:.2} ms, new {:.2} ms: {:.2}x",
+                t_old * 1e3,
+                t_new * 1e3,
+                t_old / t_new
+            );
+        }
         let mut r = Rng::new(3);
-        let best = |f: &mut dyn FnMut()| {
-            (0..7)
-                .map(|_| {
-                    let s = Instant::now();
-                    f();
-                    s.elapsed().as_secs_f64()
-                })
-                .fold(f64::MAX, f64::min)
-        };
-        for t in tokens() {
-            // Prefill: 64 rows of 2048 (cache-resident), 4 tokens, many passes.
-            let (nb, n_rows) = (64usize, 64usize);
-            let rb = nb * 18;
+        let nb = 64;
+        let rb = nb * 18;
+        let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_0_row(&mut r, nb, false)).collect();
+        let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+        // Prefill: 64 rows of 2048 (cache-resident); decode: the same, and 20000 rows (streamed).
+        for (n_rows, passes) in [(64usize, 1000), (20000, 4)] {
             let w = weights(&mut r, n_rows, nb, Fill::Random);
-            let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_0_row(&mut r, nb, false)).collect();
-            let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
             let groups: Vec<[&[BlockQ4_0]; 8]> = (0..n_rows / 8)
                 .map(|g| {
                     std::array::from_fn(|k| blocks(&w[(8 * g + k) * rb..(8 * g + k + 1) * rb]))
                 })
                 .collect();
-            let passes = 2000;
-            let t_old = best(&mut || {
-                for _ in 0..passes {
-                    for g in &groups {
-                        black_box(old::dot_q4_0_q8_0_rows8_x4(t, *g, xb));
-                    }
+            for t in tokens() {
+                let v = if t.avx512() { "vnni" } else { "avx2" };
+                if n_rows == 64 {
+                    compare(
+                        &format!("prefill {v} 8 rows x 4 tokens"),
+                        &mut || {
+                            for _ in 0..passes {
+                                for g in &groups {
+                                    black_box(old::dot_q4_0_q8_0_rows8_x4(t, *g, xb));
+                                }
+                            }
+                        },
+                        &mut || {
+                            for _ in 0..passes {
+                                for g in &groups {
+                                    black_box(dot_q4_0_q8_0_rows8_x4(t, *g, xb));
+                                }
+                            }
+                        },
+                    );
                 }
-            });
-            let t_new = best(&mut || {
-                for _ in 0..passes {
-                    // As matvec_tokens does per call (16 rows): prepare, then the groups.
-                    for pair in groups.chunks(2) {
-                        let a: Vec<Vec<ActBlock>> = xb.iter().map(|x| prep(t, x)).collect();
-                        let ab: [&[ActBlock]; 4] = std::array::from_fn(|k| &a[k][..]);
-                        for g in pair {
-                            black_box(dot_q4_0_q8_0_rows8_x4(t, *g, xb, ab));
+                compare(
+                    &format!("decode {v} {n_rows} rows"),
+                    &mut || {
+                        for _ in 0..4 * passes {
+                            for g in &groups {
+                                black_box(old::dot_q4_0_q8_0_rows8(t, *g, xb[0]));
+                            }
                         }
-                    }
-                }
-            });
-            // The dispatch itself, in calls of 16 rows as the executor makes them.
-            let k = if t.avx512() {
-                Kernels::avx512()
-            } else {
-                Kernels::avx2()
-            }
-            .unwrap();
-            let mut ys = vec![vec![0f32; 16]; 4];
-            let t_dispatch = best(&mut || {
-                for _ in 0..passes {
-                    for c in 0..n_rows / 16 {
-                        let [y0, y1, y2, y3] = &mut ys[..] else {
-                            unreachable!()
-                        };
-                        let x4 = std::array::from_fn(|t| &xs[t][..]);
-                        let n = nb * 32;
-                        let range = 16 * c..16 * c + 16;
-                        k.matvec_tokens(GgmlType::Q4_0, n, &w, x4, range, [y0, y1, y2, y3]);
-                        black_box(&mut ys);
-                    }
-                }
-            });
-            println!("  through matvec_tokens: {:.2} ms", t_dispatch * 1e3);
-            let a: Vec<Vec<ActBlock>> = xb.iter().map(|x| prep(t, x)).collect();
-            let ab: [&[ActBlock]; 4] = std::array::from_fn(|k| &a[k][..]);
-            let t_kernel = best(&mut || {
-                for _ in 0..passes {
-                    for g in &groups {
-                        black_box(dot_q4_0_q8_0_rows8_x4(t, *g, xb, ab));
-                    }
-                }
-            });
-            println!(
-                "prefill x4 avx512={}: old {:.2} ms, new {:.2} ms (kernel alone {:.2} ms): {:.2}x",
-                t.avx512(),
-                t_old * 1e3,
-                t_new * 1e3,
-                t_kernel * 1e3,
-                t_old / t_new
-            );
-            // Decode: one token, cache-resident (64 rows x 2048) and streamed (20000 x 2048).
-            for (n_rows, passes) in [(64usize, 8000), (20000, 10)] {
-                let w = weights(&mut r, n_rows, nb, Fill::Random);
-                let groups: Vec<[&[BlockQ4_0]; 8]> = (0..n_rows / 8)
-                    .map(|g| {
-                        std::array::from_fn(|k| blocks(&w[(8 * g + k) * rb..(8 * g + k + 1) * rb]))
-                    })
-                    .collect();
-                let t_old = best(&mut || {
-                    for _ in 0..passes {
-                        for g in &groups {
-                            black_box(old::dot_q4_0_q8_0_rows8(t, *g, xb[0]));
+                    },
+                    &mut || {
+                        for _ in 0..4 * passes {
+                            let a = prep(t, xb[0]);
+                            for g in &groups {
+                                black_box(dot_q4_0_q8_0_rows8(t, *g, xb[0], &a));
+                            }
                         }
-                    }
-                });
-                let t_new = best(&mut || {
-                    for _ in 0..passes {
-                        let a = prep(t, xb[0]);
-                        for g in &groups {
-                            black_box(dot_q4_0_q8_0_rows8(t, *g, xb[0], &a));
-                        }
-                    }
-                });
-                println!(
-                    "decode {n_rows} rows avx512={}: old {:.2} ms, new {:.2} ms: {:.2}x ({:.1} GB/s new)",
-                    t.avx512(),
-                    t_old * 1e3,
-                    t_new * 1e3,
-                    t_old / t_new,
-                    (w.len() * passes) as f64 / t_new / 1e9
+                    },
                 );
             }
         }
