@@ -79,28 +79,51 @@ unsafe fn prepare_impl(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_sums_x4(b: [&BlockQ8_0; 4]) -> [ActBlock; 4] {
+    // (No closures or `array::map` here: they would not inherit the target features, and
+    // then neither inline nor keep vectors in registers.)
     let ones8 = _mm256_set1_epi8(1);
     // SAFETY: every `qs` is 32 readable bytes; loadu has no alignment requirement.
-    let p =
-        b.map(|b| _mm256_maddubs_epi16(ones8, unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) }));
-    let h01 = _mm256_hadd_epi16(p[0], p[1]);
-    let h23 = _mm256_hadd_epi16(p[2], p[3]);
+    let (y0, y1, y2, y3) = unsafe {
+        (
+            _mm256_loadu_si256(b[0].qs.as_ptr().cast()),
+            _mm256_loadu_si256(b[1].qs.as_ptr().cast()),
+            _mm256_loadu_si256(b[2].qs.as_ptr().cast()),
+            _mm256_loadu_si256(b[3].qs.as_ptr().cast()),
+        )
+    };
+    let h01 = _mm256_hadd_epi16(
+        _mm256_maddubs_epi16(ones8, y0),
+        _mm256_maddubs_epi16(ones8, y1),
+    );
+    let h23 = _mm256_hadd_epi16(
+        _mm256_maddubs_epi16(ones8, y2),
+        _mm256_maddubs_epi16(ones8, y3),
+    );
     // Each half: [token 0 (2 sums), token 1 (2), token 2 (2), token 3 (2)].
     let h = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_set1_epi16(1));
     let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
     let offsets = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32::<3>(s));
-    let h = b.map(|b| i16::from_le_bytes(b.d));
-    let d = _mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0));
+    let d = _mm_cvtph_ps(_mm_setr_epi16(
+        i16::from_le_bytes(b[0].d),
+        i16::from_le_bytes(b[1].d),
+        i16::from_le_bytes(b[2].d),
+        i16::from_le_bytes(b[3].d),
+        0,
+        0,
+        0,
+        0,
+    ));
     let (mut o, mut df) = ([0i32; 4], [0f32; 4]);
     // SAFETY: both arrays are 16 writable bytes; storeu has no alignment requirement.
     unsafe {
         _mm_storeu_si128(o.as_mut_ptr().cast(), offsets);
         _mm_storeu_ps(df.as_mut_ptr(), d);
     }
-    std::array::from_fn(|t| ActBlock {
+    let a = |t: usize| ActBlock {
         offset: o[t],
         d: df[t],
-    })
+    };
+    [a(0), a(1), a(2), a(3)]
 }
 
 /// Block `i` of the 8 rows, transposed: for `j < 4`, lane r of `q[j]` holds the low nibbles of
@@ -144,11 +167,38 @@ unsafe fn transposed_block(b: [&BlockQ4_0; 8]) -> ([__m256i; 8], __m256) {
         _mm256_and_si256(_mm256_srli_epi16::<4>(t[2]), m),
         _mm256_and_si256(_mm256_srli_epi16::<4>(t[3]), m),
     ];
-    let h = b.map(|b| i16::from_le_bytes(b.d));
     let d = _mm256_cvtph_ps(_mm_setr_epi16(
-        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7],
+        i16::from_le_bytes(b[0].d),
+        i16::from_le_bytes(b[1].d),
+        i16::from_le_bytes(b[2].d),
+        i16::from_le_bytes(b[3].d),
+        i16::from_le_bytes(b[4].d),
+        i16::from_le_bytes(b[5].d),
+        i16::from_le_bytes(b[6].d),
+        i16::from_le_bytes(b[7].d),
     ));
     (q, d)
+}
+
+/// Block `i` of each of the 8 rows (written out: `array::map` would not inline into the kernels).
+///
+/// # Safety
+/// `i < w[r].len()` for every r.
+#[inline(always)]
+unsafe fn block_of<'a>(w: &[&'a [BlockQ4_0]; 8], i: usize) -> [&'a BlockQ4_0; 8] {
+    // SAFETY: i < w[r].len() (caller).
+    unsafe {
+        [
+            w[0].get_unchecked(i),
+            w[1].get_unchecked(i),
+            w[2].get_unchecked(i),
+            w[3].get_unchecked(i),
+            w[4].get_unchecked(i),
+            w[5].get_unchecked(i),
+            w[6].get_unchecked(i),
+            w[7].get_unchecked(i),
+        ]
+    }
 }
 
 /// Activation dword `j` (elements `4j..4j+3`) of `y` in every lane.
@@ -173,11 +223,35 @@ unsafe fn broadcast_dword(y: &[i8; 32], j: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_dots_avx2(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256i {
     // SAFETY (every `broadcast_dword`): j < 8 and AVX2 is present.
-    let m = |j: usize| _mm256_maddubs_epi16(q[j], unsafe { broadcast_dword(y, j) });
-    let s01 = _mm256_add_epi16(m(0), m(1));
-    let s23 = _mm256_add_epi16(m(2), m(3));
-    let s45 = _mm256_add_epi16(m(4), m(5));
-    let s67 = _mm256_add_epi16(m(6), m(7));
+    // SAFETY (every `broadcast_dword`): j < 8 and AVX2 is present.
+    let (b0, b1, b2, b3, b4, b5, b6, b7) = unsafe {
+        (
+            broadcast_dword(y, 0),
+            broadcast_dword(y, 1),
+            broadcast_dword(y, 2),
+            broadcast_dword(y, 3),
+            broadcast_dword(y, 4),
+            broadcast_dword(y, 5),
+            broadcast_dword(y, 6),
+            broadcast_dword(y, 7),
+        )
+    };
+    let s01 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(q[0], b0),
+        _mm256_maddubs_epi16(q[1], b1),
+    );
+    let s23 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(q[2], b2),
+        _mm256_maddubs_epi16(q[3], b3),
+    );
+    let s45 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(q[4], b4),
+        _mm256_maddubs_epi16(q[5], b5),
+    );
+    let s67 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(q[6], b6),
+        _mm256_maddubs_epi16(q[7], b7),
+    );
     let s = _mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67));
     let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
     _mm256_add_epi32(s, _mm256_set1_epi32(a.offset))
@@ -192,13 +266,27 @@ unsafe fn block_dots_avx2(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn block_dots_vnni(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256i {
     // SAFETY (every `broadcast_dword`): j < 8 and AVX2 is present.
-    let b = |j: usize| unsafe { broadcast_dword(y, j) };
-    let mut s0 = _mm256_set1_epi32(a.offset);
-    let mut s1 = _mm256_setzero_si256();
-    for j in (0..8).step_by(2) {
-        s0 = _mm256_dpbusd_epi32(s0, q[j], b(j));
-        s1 = _mm256_dpbusd_epi32(s1, q[j + 1], b(j + 1));
-    }
+    // SAFETY (every `broadcast_dword`): j < 8 and AVX2 is present.
+    let (b0, b1, b2, b3, b4, b5, b6, b7) = unsafe {
+        (
+            broadcast_dword(y, 0),
+            broadcast_dword(y, 1),
+            broadcast_dword(y, 2),
+            broadcast_dword(y, 3),
+            broadcast_dword(y, 4),
+            broadcast_dword(y, 5),
+            broadcast_dword(y, 6),
+            broadcast_dword(y, 7),
+        )
+    };
+    let s0 = _mm256_dpbusd_epi32(_mm256_set1_epi32(a.offset), q[0], b0);
+    let s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[1], b1);
+    let s0 = _mm256_dpbusd_epi32(s0, q[2], b2);
+    let s1 = _mm256_dpbusd_epi32(s1, q[3], b3);
+    let s0 = _mm256_dpbusd_epi32(s0, q[4], b4);
+    let s1 = _mm256_dpbusd_epi32(s1, q[5], b5);
+    let s0 = _mm256_dpbusd_epi32(s0, q[6], b6);
+    let s1 = _mm256_dpbusd_epi32(s1, q[7], b7);
     _mm256_add_epi32(s0, s1)
 }
 
@@ -218,7 +306,7 @@ macro_rules! kernels {
                 // SAFETY: i < x.len() <= w[r].len(), a.len() (caller); the features are
                 // this function's.
                 unsafe {
-                    let (q, dw) = transposed_block(w.map(|r| r.get_unchecked(i)));
+                    let (q, dw) = transposed_block(block_of(&w, i));
                     let ai = *a.get_unchecked(i);
                     let isum = $dots(&q, &bx.qs, ai);
                     // Lane r: d_w(r) * d_x, then fma(isum, that, acc): the portable order.
@@ -247,8 +335,13 @@ macro_rules! kernels {
                 // SAFETY: i < x[t].len() <= w[r].len() (caller); the features are this
                 // function's.
                 unsafe {
-                    let (q, dw) = transposed_block(w.map(|r| r.get_unchecked(i)));
-                    let bx = x.map(|r| r.get_unchecked(i));
+                    let (q, dw) = transposed_block(block_of(&w, i));
+                    let bx = [
+                        x[0].get_unchecked(i),
+                        x[1].get_unchecked(i),
+                        x[2].get_unchecked(i),
+                        x[3].get_unchecked(i),
+                    ];
                     let a = block_sums_x4(bx);
                     for t in 0..4 {
                         let isum = $dots(&q, &bx[t].qs, a[t]);
