@@ -721,6 +721,8 @@ impl Kernels {
         // llama.cpp repacks some types into 8-row groups, by the whole matrix's row count.
         #[cfg(target_arch = "x86_64")]
         let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+        #[cfg(target_arch = "x86_64")]
+        let w_matrix = w;
         let w = w_rows;
         let x = &x_q[..xb];
         if rb == 0 {
@@ -752,14 +754,18 @@ impl Kernels {
             ($dot8:expr, $dot:expr) => {{
                 let (y8, y1) = y.split_at_mut(y.len() / 8 * 8);
                 let (w8, w1) = w.split_at(y8.len() * rb);
-                for (i, (ys, ws)) in y8
+                for (g, (ys, ws)) in y8
                     .chunks_exact_mut(8)
                     .zip(w8.chunks_exact(8 * rb))
                     .enumerate()
                 {
-                    prefetch_ahead(w, (i + 1) * 8 * rb + PREFETCH_BYTES, 8 * rb);
+                    // The kernel prefetches the next 8 rows (past this call's, where the
+                    // matrix has them: this thread's next call reads them).
+                    let next = (rows.start + 8 * g + 8) * rb;
+                    let ahead =
+                        &w_matrix[next.min(w_matrix.len())..(next + 8 * rb).min(w_matrix.len())];
                     let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                    ys.copy_from_slice(&$dot8(rows8));
+                    ys.copy_from_slice(&$dot8(rows8, ahead));
                 }
                 for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
                     *yi = $dot(blocks(wr));
@@ -780,7 +786,7 @@ impl Kernels {
                     &[]
                 };
                 rows8_with!(
-                    |rows8| q4_0_rows::dot_q4_0_q8_0_rows8(t, rows8, xb, a),
+                    |rows8, ahead| q4_0_rows::dot_q4_0_q8_0_rows8(t, rows8, xb, a, ahead),
                     |wr| repack::avx2::dot_q4_0_q8_0(t, wr, xb)
                 )
             }

@@ -290,6 +290,24 @@ unsafe fn block_dots_vnni(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256
     _mm256_add_epi32(s0, s1)
 }
 
+/// Cache lines of the next weights the one-token kernel asks for per block: 3 lines (192
+/// bytes) per block of 8 rows (144 bytes) covers the next 8 rows within this call's blocks.
+const PREFETCH_PER_BLOCK: usize = 3;
+
+/// Hints the CPU to fetch cache lines `first..first + PREFETCH_PER_BLOCK` of `ahead`, those
+/// that exist. Decode streams every weight from memory once; spreading the requests over the
+/// loop keeps the memory busy without the stall of a burst.
+#[inline(always)]
+fn prefetch_lines(ahead: &[u8], first: usize) {
+    for line in first..first + PREFETCH_PER_BLOCK {
+        if let Some(b) = ahead.get(64 * line) {
+            // SAFETY: `b` is inside `ahead`; a prefetch reads nothing architecturally and
+            // cannot fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((b as *const u8).cast()) };
+        }
+    }
+}
+
 /// Generates the one-token (`$rows8`) and four-token (`$rows8_x4`) kernels with the block dot
 /// `$dots` under the target features `$feat`.
 macro_rules! kernels {
@@ -300,9 +318,15 @@ macro_rules! kernels {
         /// The CPU has the features this function is compiled for; every `w[r]` and `a` have
         /// at least `x.len()` blocks.
         #[target_feature(enable = $feat)]
-        unsafe fn $rows8(w: [&[BlockQ4_0]; 8], x: &[BlockQ8_0], a: &[ActBlock]) -> [f32; 8] {
+        unsafe fn $rows8(
+            w: [&[BlockQ4_0]; 8],
+            x: &[BlockQ8_0],
+            a: &[ActBlock],
+            ahead: &[u8],
+        ) -> [f32; 8] {
             let mut acc = _mm256_setzero_ps();
             for (i, bx) in x.iter().enumerate() {
+                prefetch_lines(ahead, PREFETCH_PER_BLOCK * i);
                 // SAFETY: i < x.len() <= w[r].len(), a.len() (caller); the features are
                 // this function's.
                 unsafe {
@@ -370,7 +394,8 @@ kernels!(
 
 /// Q4_0 · Q8_0 of 8 weight rows with one activation row in llama.cpp's repacked order,
 /// bit-identical to `repack::dot_q4_0_q8_0` per row; `a` is `x`'s [`prepare`]d blocks. Uses
-/// VNNI where the token has AVX-512.
+/// VNNI where the token has AVX-512. Spread over the blocks, it prefetches the first
+/// `3 * 64 * x.len()` bytes of `ahead` (the weights the next call will read; may be empty).
 ///
 /// # Panics
 /// If a weight row or `a` has fewer blocks than `x`.
@@ -379,6 +404,7 @@ pub(super) fn dot_q4_0_q8_0_rows8(
     w: [&[BlockQ4_0]; 8],
     x: &[BlockQ8_0],
     a: &[ActBlock],
+    ahead: &[u8],
 ) -> [f32; 8] {
     let n = x.len();
     assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
@@ -387,9 +413,9 @@ pub(super) fn dot_q4_0_q8_0_rows8(
     // lengths checked.
     unsafe {
         if t.avx512() {
-            rows8_vnni(w, x, a)
+            rows8_vnni(w, x, a, ahead)
         } else {
-            rows8_avx2(w, x, a)
+            rows8_avx2(w, x, a, ahead)
         }
     }
 }
@@ -529,7 +555,7 @@ mod tests {
                         let got4 = dot_q4_0_q8_0_rows8_x4(t, rows, xb);
                         let old4 = old::dot_q4_0_q8_0_rows8_x4(t, rows, xb);
                         for tok in 0..4 {
-                            let got1 = dot_q4_0_q8_0_rows8(t, rows, xb[tok], ab[tok]);
+                            let got1 = dot_q4_0_q8_0_rows8(t, rows, xb[tok], ab[tok], &w);
                             let old1 = old::dot_q4_0_q8_0_rows8(t, rows, xb[tok]);
                             for k in 0..8 {
                                 let want = repack::dot_q4_0_q8_0(rows[k], xb[tok]);
@@ -666,7 +692,7 @@ mod tests {
                         for _ in 0..4 * passes {
                             let a = prep(t, xb[0]);
                             for g in &groups {
-                                black_box(dot_q4_0_q8_0_rows8(t, *g, xb[0], &a));
+                                black_box(dot_q4_0_q8_0_rows8(t, *g, xb[0], &a, &[]));
                             }
                         }
                     },
