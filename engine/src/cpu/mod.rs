@@ -781,7 +781,7 @@ impl Kernels {
                 let mut stack = [q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS];
                 let mut heap = Vec::new();
                 let a = if y.len() >= 8 {
-                    q4_0_rows::prepared(t, xb, &mut stack, &mut heap)
+                    q4_0_rows::prepared::<BlockQ4_0>(t, xb, &mut stack, &mut heap)
                 } else {
                     &[]
                 };
@@ -792,7 +792,18 @@ impl Kernels {
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::IQ4_NL) if repacked => {
-                rows_with!(|wr| repack::avx2::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+                let xb = blocks(x);
+                let mut stack = [q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS];
+                let mut heap = Vec::new();
+                let a = if y.len() >= 8 {
+                    q4_0_rows::prepared::<iq4_nl::BlockIq4Nl>(t, xb, &mut stack, &mut heap)
+                } else {
+                    &[]
+                };
+                rows8_with!(
+                    |rows8, ahead| q4_0_rows::dot_iq4_nl_q8_0_rows8(t, rows8, xb, a, ahead),
+                    |wr| repack::avx2::dot_iq4_nl_q8_0(t, wr, xb)
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
@@ -1042,7 +1053,7 @@ impl Kernels {
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
             if !(matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q4_0 | GgmlType::Q8_0)
-                || (w_ty == GgmlType::Q4_K && repacked))
+                || (matches!(w_ty, GgmlType::Q4_K | GgmlType::IQ4_NL) && repacked))
             {
                 return false;
             }
@@ -1089,6 +1100,23 @@ impl Kernels {
                         let r = repack::avx2::dot_q4_0_q8_0_xn(t, blocks(wr), xbl);
                         for (yt, rt) in y.iter_mut().zip(r) {
                             yt[i] = rt;
+                        }
+                    }
+                }
+                GgmlType::IQ4_NL => {
+                    // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
+                    let xbl = x.map(blocks);
+                    let n8 = y[0].len() / 8 * 8;
+                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
+                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
+                        let r = q4_0_rows::dot_iq4_nl_q8_0_rows8_x4(t, rows8, xbl);
+                        for (yt, rt) in y.iter_mut().zip(r) {
+                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
+                        }
+                    }
+                    for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {
+                        for (yt, xt) in y.iter_mut().zip(xbl) {
+                            yt[i] = repack::avx2::dot_iq4_nl_q8_0(t, blocks(wr), xt);
                         }
                     }
                 }

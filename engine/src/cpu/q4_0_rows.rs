@@ -23,14 +23,54 @@
 use std::arch::x86_64::*;
 
 use super::avx2::Token;
+use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::q4_0::BlockQ4_0;
 use super::q8_0::BlockQ8_0;
+
+/// A 4-bit weight block these kernels read: an f16 scale, then 16 bytes whose low nibbles are
+/// elements `0..16` and high nibbles elements `16..32` (Q4_0, IQ4_NL). The kernels multiply
+/// unsigned weights `u = value + 2^BIAS_SHIFT`, so every block dot carries
+/// `2^BIAS_SHIFT * sum(y)` too, which [`ActBlock::offset`] takes off.
+pub(super) trait Nibbles {
+    /// log2 of the bias added to the weight values: 3 for Q4_0 (`u = q`, value `q - 8`), 7 for
+    /// IQ4_NL (`u = table[q] + 128`).
+    const BIAS_SHIFT: i32;
+    /// The scale's f16 bits.
+    fn scale_bits(&self) -> i16;
+    /// The 16 bytes of nibbles.
+    fn quants(&self) -> &[u8; 16];
+}
+
+impl Nibbles for BlockQ4_0 {
+    const BIAS_SHIFT: i32 = 3;
+    #[inline(always)]
+    fn scale_bits(&self) -> i16 {
+        i16::from_le_bytes(self.d)
+    }
+    #[inline(always)]
+    fn quants(&self) -> &[u8; 16] {
+        &self.qs
+    }
+}
+
+impl Nibbles for BlockIq4Nl {
+    const BIAS_SHIFT: i32 = 7;
+    #[inline(always)]
+    fn scale_bits(&self) -> i16 {
+        i16::from_le_bytes(self.d)
+    }
+    #[inline(always)]
+    fn quants(&self) -> &[u8; 16] {
+        &self.qs
+    }
+}
 
 /// What the kernels need of one Q8_0 activation block besides its quants, computed once per
 /// activation row and shared by every group of 8 weight rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct ActBlock {
-    /// `-8 * sum(qs)`: the `- 8` of Q4_0's `q - 8`, the same for every weight row.
+    /// `-2^BIAS_SHIFT * sum(qs)` of the weight type ([`Nibbles`]): e.g. the `- 8` of Q4_0's
+    /// `q - 8`, the same for every weight row.
     offset: i32,
     /// The block scale as f32.
     d: f32,
@@ -39,20 +79,20 @@ pub(super) struct ActBlock {
 /// Activation blocks the callers keep on the stack per token; longer rows use the heap.
 pub(super) const STACK_BLOCKS: usize = 256;
 
-/// Fills `out[i]` with block `x[i]`'s [`ActBlock`].
+/// Fills `out[i]` with block `x[i]`'s [`ActBlock`] for weights of type `B`.
 ///
 /// # Panics
 /// If `out` is shorter than `x`.
-pub(super) fn prepare(t: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
+pub(super) fn prepare<B: Nibbles>(t: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
     assert!(out.len() >= x.len(), "prepare: output too short");
     // SAFETY: the token proves AVX2, FMA and F16C; `out` checked.
-    unsafe { prepare_impl(t, x, out) }
+    unsafe { prepare_impl::<B>(t, x, out) }
 }
 
 /// # Safety
 /// AVX2, FMA and F16C are present; `out.len() >= x.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prepare_impl(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
+unsafe fn prepare_impl<B: Nibbles>(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     for (bx, o) in x.iter().zip(out.iter_mut()) {
@@ -64,7 +104,7 @@ unsafe fn prepare_impl(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
         let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
         *o = ActBlock {
-            offset: -8 * _mm_cvtsi128_si32(s),
+            offset: -(_mm_cvtsi128_si32(s) << B::BIAS_SHIFT),
             d: bx.d(),
         };
     }
@@ -78,7 +118,7 @@ unsafe fn prepare_impl(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
 /// AVX2, FMA and F16C are present.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_sums_x4(b: [&BlockQ8_0; 4]) -> [ActBlock; 4] {
+unsafe fn block_sums_x4<B: Nibbles>(b: [&BlockQ8_0; 4]) -> [ActBlock; 4] {
     // (No closures or `array::map` here: they would not inherit the target features, and
     // then neither inline nor keep vectors in registers.)
     let ones8 = _mm256_set1_epi8(1);
@@ -102,7 +142,8 @@ unsafe fn block_sums_x4(b: [&BlockQ8_0; 4]) -> [ActBlock; 4] {
     // Each half: [token 0 (2 sums), token 1 (2), token 2 (2), token 3 (2)].
     let h = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_set1_epi16(1));
     let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-    let offsets = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32::<3>(s));
+    let shift = _mm_cvtsi32_si128(B::BIAS_SHIFT);
+    let offsets = _mm_sub_epi32(_mm_setzero_si128(), _mm_sll_epi32(s, shift));
     let d = _mm_cvtph_ps(_mm_setr_epi16(
         i16::from_le_bytes(b[0].d),
         i16::from_le_bytes(b[1].d),
@@ -135,14 +176,14 @@ unsafe fn block_sums_x4(b: [&BlockQ8_0; 4]) -> [ActBlock; 4] {
 /// AVX2, FMA and F16C are present.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn transposed_block(b: [&BlockQ4_0; 8]) -> ([__m256i; 8], __m256) {
-    // SAFETY: every `qs` is 16 readable bytes; loadu2 has no alignment requirement.
+unsafe fn transposed_block<B: Nibbles>(b: [&B; 8]) -> ([__m256i; 8], __m256) {
+    // SAFETY: every `quants()` is 16 readable bytes; loadu2 has no alignment requirement.
     let r = unsafe {
         [
-            _mm256_loadu2_m128i(b[4].qs.as_ptr().cast(), b[0].qs.as_ptr().cast()),
-            _mm256_loadu2_m128i(b[5].qs.as_ptr().cast(), b[1].qs.as_ptr().cast()),
-            _mm256_loadu2_m128i(b[6].qs.as_ptr().cast(), b[2].qs.as_ptr().cast()),
-            _mm256_loadu2_m128i(b[7].qs.as_ptr().cast(), b[3].qs.as_ptr().cast()),
+            _mm256_loadu2_m128i(b[4].quants().as_ptr().cast(), b[0].quants().as_ptr().cast()),
+            _mm256_loadu2_m128i(b[5].quants().as_ptr().cast(), b[1].quants().as_ptr().cast()),
+            _mm256_loadu2_m128i(b[6].quants().as_ptr().cast(), b[2].quants().as_ptr().cast()),
+            _mm256_loadu2_m128i(b[7].quants().as_ptr().cast(), b[3].quants().as_ptr().cast()),
         ]
     };
     // 4x4 dword transpose in each 128-bit half: [rows 0..3 | rows 4..7] of dword j.
@@ -168,14 +209,14 @@ unsafe fn transposed_block(b: [&BlockQ4_0; 8]) -> ([__m256i; 8], __m256) {
         _mm256_and_si256(_mm256_srli_epi16::<4>(t[3]), m),
     ];
     let d = _mm256_cvtph_ps(_mm_setr_epi16(
-        i16::from_le_bytes(b[0].d),
-        i16::from_le_bytes(b[1].d),
-        i16::from_le_bytes(b[2].d),
-        i16::from_le_bytes(b[3].d),
-        i16::from_le_bytes(b[4].d),
-        i16::from_le_bytes(b[5].d),
-        i16::from_le_bytes(b[6].d),
-        i16::from_le_bytes(b[7].d),
+        b[0].scale_bits(),
+        b[1].scale_bits(),
+        b[2].scale_bits(),
+        b[3].scale_bits(),
+        b[4].scale_bits(),
+        b[5].scale_bits(),
+        b[6].scale_bits(),
+        b[7].scale_bits(),
     ));
     (q, d)
 }
@@ -185,7 +226,7 @@ unsafe fn transposed_block(b: [&BlockQ4_0; 8]) -> ([__m256i; 8], __m256) {
 /// # Safety
 /// `i < w[r].len()` for every r.
 #[inline(always)]
-unsafe fn block_of<'a>(w: &[&'a [BlockQ4_0]; 8], i: usize) -> [&'a BlockQ4_0; 8] {
+unsafe fn block_of<'a, B>(w: &[&'a [B]; 8], i: usize) -> [&'a B; 8] {
     // SAFETY: i < w[r].len() (caller).
     unsafe {
         [
@@ -214,6 +255,34 @@ unsafe fn broadcast_dword(y: &[i8; 32], j: usize) -> __m256i {
     _mm256_set1_epi32(v)
 }
 
+/// `sum_j maddubs(u[o + j], b[j])` in i16 lanes: with `u` nibbles (0..15) and `b` i8, each
+/// lane sums 16 products, at most `16 * 15 * 128 = 30720` in magnitude: no saturation.
+///
+/// # Safety
+/// AVX2 is present; `o + 8 <= u.len()`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn maddubs_sum8(u: &[__m256i], o: usize, b: &[__m256i; 8]) -> __m256i {
+    let u = &u[o..o + 8];
+    let s01 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(u[0], b[0]),
+        _mm256_maddubs_epi16(u[1], b[1]),
+    );
+    let s23 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(u[2], b[2]),
+        _mm256_maddubs_epi16(u[3], b[3]),
+    );
+    let s45 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(u[4], b[4]),
+        _mm256_maddubs_epi16(u[5], b[5]),
+    );
+    let s67 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(u[6], b[6]),
+        _mm256_maddubs_epi16(u[7], b[7]),
+    );
+    _mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67))
+}
+
 /// Lane r: the exact block dot `sum (q - 8) * y` of row r, with `maddubs` (see the module doc
 /// for the i16 bounds).
 ///
@@ -236,23 +305,7 @@ unsafe fn block_dots_avx2(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256
             broadcast_dword(y, 7),
         )
     };
-    let s01 = _mm256_add_epi16(
-        _mm256_maddubs_epi16(q[0], b0),
-        _mm256_maddubs_epi16(q[1], b1),
-    );
-    let s23 = _mm256_add_epi16(
-        _mm256_maddubs_epi16(q[2], b2),
-        _mm256_maddubs_epi16(q[3], b3),
-    );
-    let s45 = _mm256_add_epi16(
-        _mm256_maddubs_epi16(q[4], b4),
-        _mm256_maddubs_epi16(q[5], b5),
-    );
-    let s67 = _mm256_add_epi16(
-        _mm256_maddubs_epi16(q[6], b6),
-        _mm256_maddubs_epi16(q[7], b7),
-    );
-    let s = _mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67));
+    let s = maddubs_sum8(q, 0, &[b0, b1, b2, b3, b4, b5, b6, b7]);
     let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
     _mm256_add_epi32(s, _mm256_set1_epi32(a.offset))
 }
@@ -290,6 +343,99 @@ unsafe fn block_dots_vnni(q: &[__m256i; 8], y: &[i8; 32], a: ActBlock) -> __m256
     _mm256_add_epi32(s0, s1)
 }
 
+/// Q4_0's unsigned weights are its nibbles.
+#[inline(always)]
+fn operands_q4_0(q: [__m256i; 8]) -> [__m256i; 8] {
+    q
+}
+
+/// IQ4_NL's table shifted to unsigned bytes (`value + 128`, 1..=241), both 128-bit halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_nl_table(shift: i32, mask: i8) -> __m256i {
+    let mut t = [0u8; 16];
+    for (u, v) in t.iter_mut().zip(KVALUES_IQ4NL) {
+        // value + 128 in 1..=241, then its high (shift 4) or low nibble (mask 15) or all of it.
+        *u = (((i32::from(v) + 128) >> shift) & i32::from(mask as u8)) as u8;
+    }
+    // SAFETY: `t` is 16 readable bytes; loadu has no alignment requirement.
+    let t = unsafe { _mm_loadu_si128(t.as_ptr().cast()) };
+    _mm256_set_m128i(t, t)
+}
+
+/// IQ4_NL's unsigned weights `table[q] + 128` (for `vpdpbusd`, which sums in i32: no bound).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn operands_iq4_nl(q: [__m256i; 8]) -> [__m256i; 8] {
+    let t = iq4_nl_table(0, -1);
+    [
+        _mm256_shuffle_epi8(t, q[0]),
+        _mm256_shuffle_epi8(t, q[1]),
+        _mm256_shuffle_epi8(t, q[2]),
+        _mm256_shuffle_epi8(t, q[3]),
+        _mm256_shuffle_epi8(t, q[4]),
+        _mm256_shuffle_epi8(t, q[5]),
+        _mm256_shuffle_epi8(t, q[6]),
+        _mm256_shuffle_epi8(t, q[7]),
+    ]
+}
+
+/// IQ4_NL's unsigned weights `u = table[q] + 128` split as `16 * hi + lo` (both 0..15), for
+/// `maddubs`: a whole `u` (up to 241) against -128 would saturate the i16 pair sums.
+/// `[hi of j = 0..8, lo of j = 0..8]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn operands_iq4_nl_split(q: [__m256i; 8]) -> [__m256i; 16] {
+    let hi = iq4_nl_table(4, 0x0F);
+    let lo = iq4_nl_table(0, 0x0F);
+    [
+        _mm256_shuffle_epi8(hi, q[0]),
+        _mm256_shuffle_epi8(hi, q[1]),
+        _mm256_shuffle_epi8(hi, q[2]),
+        _mm256_shuffle_epi8(hi, q[3]),
+        _mm256_shuffle_epi8(hi, q[4]),
+        _mm256_shuffle_epi8(hi, q[5]),
+        _mm256_shuffle_epi8(hi, q[6]),
+        _mm256_shuffle_epi8(hi, q[7]),
+        _mm256_shuffle_epi8(lo, q[0]),
+        _mm256_shuffle_epi8(lo, q[1]),
+        _mm256_shuffle_epi8(lo, q[2]),
+        _mm256_shuffle_epi8(lo, q[3]),
+        _mm256_shuffle_epi8(lo, q[4]),
+        _mm256_shuffle_epi8(lo, q[5]),
+        _mm256_shuffle_epi8(lo, q[6]),
+        _mm256_shuffle_epi8(lo, q[7]),
+    ]
+}
+
+/// [`block_dots_avx2`] for split weights ([`operands_iq4_nl_split`]): `16 * sum hi*y + sum
+/// lo*y + offset`, each half with [`block_dots_avx2`]'s i16 bounds (nibbles 0..15), the factor
+/// 16 applied by `madd` into i32.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_dots_split_avx2(u: &[__m256i; 16], y: &[i8; 32], a: ActBlock) -> __m256i {
+    // SAFETY (every `broadcast_dword`): j < 8 and AVX2 is present.
+    let (b0, b1, b2, b3, b4, b5, b6, b7) = unsafe {
+        (
+            broadcast_dword(y, 0),
+            broadcast_dword(y, 1),
+            broadcast_dword(y, 2),
+            broadcast_dword(y, 3),
+            broadcast_dword(y, 4),
+            broadcast_dword(y, 5),
+            broadcast_dword(y, 6),
+            broadcast_dword(y, 7),
+        )
+    };
+    let b = [b0, b1, b2, b3, b4, b5, b6, b7];
+    let hi = _mm256_madd_epi16(maddubs_sum8(u, 0, &b), _mm256_set1_epi16(16));
+    let lo = _mm256_madd_epi16(maddubs_sum8(u, 8, &b), _mm256_set1_epi16(1));
+    _mm256_add_epi32(_mm256_add_epi32(hi, lo), _mm256_set1_epi32(a.offset))
+}
+
 /// Cache lines of the next weights the one-token kernel asks for per block: 3 lines (192
 /// bytes) per block of 8 rows (144 bytes) covers the next 8 rows within this call's blocks.
 const PREFETCH_PER_BLOCK: usize = 3;
@@ -308,10 +454,11 @@ fn prefetch_lines(ahead: &[u8], first: usize) {
     }
 }
 
-/// Generates the one-token (`$rows8`) and four-token (`$rows8_x4`) kernels with the block dot
-/// `$dots` under the target features `$feat`.
+/// Generates the one-token (`$rows8`) and four-token (`$rows8_x4`) kernels for weight blocks
+/// `$block`, whose transposed nibbles `$operands` maps to unsigned weights and `$dots`
+/// multiplies with an activation block, under the target features `$feat`.
 macro_rules! kernels {
-    ($feat:literal, $dots:ident, $rows8:ident, $rows8_x4:ident) => {
+    ($feat:literal, $block:ty, $operands:ident, $dots:ident, $rows8:ident, $rows8_x4:ident) => {
         /// 8 weight rows with one activation row: lane r accumulates row r.
         ///
         /// # Safety
@@ -319,7 +466,7 @@ macro_rules! kernels {
         /// at least `x.len()` blocks.
         #[target_feature(enable = $feat)]
         unsafe fn $rows8(
-            w: [&[BlockQ4_0]; 8],
+            w: [&[$block]; 8],
             x: &[BlockQ8_0],
             a: &[ActBlock],
             ahead: &[u8],
@@ -331,8 +478,9 @@ macro_rules! kernels {
                 // this function's.
                 unsafe {
                     let (q, dw) = transposed_block(block_of(&w, i));
+                    let u = $operands(q);
                     let ai = *a.get_unchecked(i);
-                    let isum = $dots(&q, &bx.qs, ai);
+                    let isum = $dots(&u, &bx.qs, ai);
                     // Lane r: d_w(r) * d_x, then fma(isum, that, acc): the portable order.
                     let d = _mm256_mul_ps(dw, _mm256_set1_ps(ai.d));
                     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
@@ -353,22 +501,23 @@ macro_rules! kernels {
         /// The CPU has the features this function is compiled for; every `w[r]` has at least
         /// `x[0].len()` blocks, and every `x[t]` as many.
         #[target_feature(enable = $feat)]
-        unsafe fn $rows8_x4(w: [&[BlockQ4_0]; 8], x: [&[BlockQ8_0]; 4]) -> [[f32; 8]; 4] {
+        unsafe fn $rows8_x4(w: [&[$block]; 8], x: [&[BlockQ8_0]; 4]) -> [[f32; 8]; 4] {
             let mut acc = [_mm256_setzero_ps(); 4];
             for i in 0..x[0].len() {
                 // SAFETY: i < x[t].len() <= w[r].len() (caller); the features are this
                 // function's.
                 unsafe {
                     let (q, dw) = transposed_block(block_of(&w, i));
+                    let u = $operands(q);
                     let bx = [
                         x[0].get_unchecked(i),
                         x[1].get_unchecked(i),
                         x[2].get_unchecked(i),
                         x[3].get_unchecked(i),
                     ];
-                    let a = block_sums_x4(bx);
+                    let a = block_sums_x4::<$block>(bx);
                     for t in 0..4 {
-                        let isum = $dots(&q, &bx[t].qs, a[t]);
+                        let isum = $dots(&u, &bx[t].qs, a[t]);
                         let d = _mm256_mul_ps(dw, _mm256_set1_ps(a[t].d));
                         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[t]);
                     }
@@ -384,12 +533,37 @@ macro_rules! kernels {
     };
 }
 
-kernels!("avx2,fma,f16c", block_dots_avx2, rows8_avx2, rows8_x4_avx2);
+kernels!(
+    "avx2,fma,f16c",
+    BlockQ4_0,
+    operands_q4_0,
+    block_dots_avx2,
+    rows8_avx2,
+    rows8_x4_avx2
+);
 kernels!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    BlockQ4_0,
+    operands_q4_0,
     block_dots_vnni,
     rows8_vnni,
     rows8_x4_vnni
+);
+kernels!(
+    "avx2,fma,f16c",
+    BlockIq4Nl,
+    operands_iq4_nl_split,
+    block_dots_split_avx2,
+    iq4_nl_rows8_avx2,
+    iq4_nl_rows8_x4_avx2
+);
+kernels!(
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    BlockIq4Nl,
+    operands_iq4_nl,
+    block_dots_vnni,
+    iq4_nl_rows8_vnni,
+    iq4_nl_rows8_x4_vnni
 );
 
 /// Q4_0 · Q8_0 of 8 weight rows with one activation row in llama.cpp's repacked order,
@@ -443,8 +617,56 @@ pub(super) fn dot_q4_0_q8_0_rows8_x4(
     }
 }
 
-/// `x`'s [`prepare`]d blocks in `stack` if they fit, else in `heap`.
-pub(super) fn prepared<'a>(
+/// IQ4_NL · Q8_0 of 8 weight rows with one activation row in llama.cpp's repacked order,
+/// bit-identical to `repack::dot_iq4_nl_q8_0` per row; otherwise as [`dot_q4_0_q8_0_rows8`]
+/// (`a` prepared for `BlockIq4Nl`).
+///
+/// # Panics
+/// If a weight row or `a` has fewer blocks than `x`.
+pub(super) fn dot_iq4_nl_q8_0_rows8(
+    t: Token,
+    w: [&[BlockIq4Nl]; 8],
+    x: &[BlockQ8_0],
+    a: &[ActBlock],
+    ahead: &[u8],
+) -> [f32; 8] {
+    let n = x.len();
+    assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
+    assert!(a.len() >= n, "prepared activation too short");
+    // SAFETY: as in `dot_q4_0_q8_0_rows8`; lengths checked.
+    unsafe {
+        if t.avx512() {
+            iq4_nl_rows8_vnni(w, x, a, ahead)
+        } else {
+            iq4_nl_rows8_avx2(w, x, a, ahead)
+        }
+    }
+}
+
+/// [`dot_iq4_nl_q8_0_rows8`] with 4 activation rows: `out[t][r]` is row r with token t.
+///
+/// # Panics
+/// If the activation rows differ in length, or a weight row is shorter.
+pub(super) fn dot_iq4_nl_q8_0_rows8_x4(
+    t: Token,
+    w: [&[BlockIq4Nl]; 8],
+    x: [&[BlockQ8_0]; 4],
+) -> [[f32; 8]; 4] {
+    let n = x[0].len();
+    assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+    assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
+    // SAFETY: as in `dot_q4_0_q8_0_rows8`; lengths checked.
+    unsafe {
+        if t.avx512() {
+            iq4_nl_rows8_x4_vnni(w, x)
+        } else {
+            iq4_nl_rows8_x4_avx2(w, x)
+        }
+    }
+}
+
+/// `x`'s [`prepare`]d blocks (for weights `B`) in `stack` if they fit, else in `heap`.
+pub(super) fn prepared<'a, B: Nibbles>(
     t: Token,
     x: &[BlockQ8_0],
     stack: &'a mut [ActBlock; STACK_BLOCKS],
@@ -456,7 +678,7 @@ pub(super) fn prepared<'a>(
         heap.resize(x.len(), ActBlock::default());
         &mut heap[..]
     };
-    prepare(t, x, out);
+    prepare::<B>(t, x, out);
     out
 }
 
@@ -508,25 +730,86 @@ mod tests {
             .collect()
     }
 
-    fn prep(t: Token, x: &[BlockQ8_0]) -> Vec<ActBlock> {
+    fn prep<B: Nibbles>(t: Token, x: &[BlockQ8_0]) -> Vec<ActBlock> {
         let mut a = vec![ActBlock::default(); x.len()];
-        prepare(t, x, &mut a);
+        prepare::<B>(t, x, &mut a);
         a
     }
 
-    /// The prepared offsets and scales are the exact `-8 * sum` and the f16 scale, for
-    /// activations -128 and 127 too.
+    /// The prepared offsets and scales are the exact `-8 * sum` (Q4_0) or `-128 * sum` (IQ4_NL)
+    /// and the f16 scale, for activations -128 and 127 too; the 4-token version gives the same.
     #[test]
     fn prepare_is_exact() {
         let mut r = Rng::new(5);
         for t in tokens() {
             for extreme in [false, true] {
-                let x = q8_0_row(&mut r, 9, extreme);
-                let xb: &[BlockQ8_0] = blocks(&x);
-                for (b, a) in xb.iter().zip(prep(t, xb)) {
-                    let s: i32 = b.qs.iter().map(|&v| i32::from(v)).sum();
-                    assert_eq!(a.offset, -8 * s);
-                    assert_eq!(a.d.to_bits(), b.d().to_bits());
+                let xs: Vec<Vec<u8>> = (0..4)
+                    .map(|k| q8_0_row(&mut r, 9, extreme && k != 2))
+                    .collect();
+                let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                for (bias, a) in [
+                    (8, prep::<BlockQ4_0>(t, xb[0])),
+                    (128, prep::<BlockIq4Nl>(t, xb[0])),
+                ] {
+                    for (b, a) in xb[0].iter().zip(a) {
+                        let s: i32 = b.qs.iter().map(|&v| i32::from(v)).sum();
+                        assert_eq!(a.offset, -bias * s);
+                        assert_eq!(a.d.to_bits(), b.d().to_bits());
+                    }
+                }
+                for i in 0..9 {
+                    let bx = [&xb[0][i], &xb[1][i], &xb[2][i], &xb[3][i]];
+                    // SAFETY: the token proves AVX2, FMA and F16C.
+                    let (q4, iq4) = unsafe {
+                        (
+                            block_sums_x4::<BlockQ4_0>(bx),
+                            block_sums_x4::<BlockIq4Nl>(bx),
+                        )
+                    };
+                    for k in 0..4 {
+                        assert_eq!(q4[k], prep::<BlockQ4_0>(t, xb[k])[i]);
+                        assert_eq!(iq4[k], prep::<BlockIq4Nl>(t, xb[k])[i]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The IQ4_NL kernels, in both variants, equal the portable repacked order (and the per-row
+    /// AVX2 kernel) bit for bit: random and extreme blocks (indices all 0 = -127, all 15 = 113),
+    /// activations all -128 / 127, odd block counts.
+    #[test]
+    fn iq4_nl_rows8_bit_identical_to_the_portable_order() {
+        let mut r = Rng::new(19);
+        for t in tokens() {
+            for nb in [1usize, 2, 3, 7, 9] {
+                for fill in FILLS {
+                    for extreme_x in [false, true] {
+                        let w = weights(&mut r, 8, nb, fill);
+                        let rb = nb * 18;
+                        let rows: [&[BlockIq4Nl]; 8] =
+                            std::array::from_fn(|k| blocks(&w[k * rb..(k + 1) * rb]));
+                        let xs: Vec<Vec<u8>> = (0..4)
+                            .map(|k| q8_0_row(&mut r, nb, extreme_x && k != 1))
+                            .collect();
+                        let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                        let got4 = dot_iq4_nl_q8_0_rows8_x4(t, rows, xb);
+                        for tok in 0..4 {
+                            let a = prep::<BlockIq4Nl>(t, xb[tok]);
+                            let got1 = dot_iq4_nl_q8_0_rows8(t, rows, xb[tok], &a, &w);
+                            for k in 0..8 {
+                                let want = repack::dot_iq4_nl_q8_0(rows[k], xb[tok]);
+                                let per_row = old::dot_iq4_nl_q8_0(t, rows[k], xb[tok]);
+                                let ctx = format!(
+                                    "avx512={} nb={nb} {fill:?} x_extreme={extreme_x} token {tok} row {k}",
+                                    t.avx512()
+                                );
+                                assert_eq!(got1[k].to_bits(), want.to_bits(), "rows8 {ctx}");
+                                assert_eq!(got4[tok][k].to_bits(), want.to_bits(), "x4 {ctx}");
+                                assert_eq!(per_row.to_bits(), want.to_bits(), "per row {ctx}");
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -550,7 +833,8 @@ mod tests {
                             .map(|k| q8_0_row(&mut r, nb, extreme_x && k != 1))
                             .collect();
                         let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
-                        let a: Vec<Vec<ActBlock>> = xb.iter().map(|x| prep(t, x)).collect();
+                        let a: Vec<Vec<ActBlock>> =
+                            xb.iter().map(|x| prep::<BlockQ4_0>(t, x)).collect();
                         let ab: [&[ActBlock]; 4] = std::array::from_fn(|k| &a[k][..]);
                         let got4 = dot_q4_0_q8_0_rows8_x4(t, rows, xb);
                         let old4 = old::dot_q4_0_q8_0_rows8_x4(t, rows, xb);
@@ -575,13 +859,16 @@ mod tests {
         }
     }
 
-    /// Through `Kernels::matvec` / `matvec_tokens`, every x86 kernel set: matrices of 8, 16 and
-    /// 24 rows (whole and partial row ranges, so that groups of 8 and leftover rows both occur)
+    /// Through `Kernels::matvec` / `matvec_tokens`, every x86 kernel set, Q4_0 and IQ4_NL:
+    /// matrices of 8, 16 and 24 rows (whole and partial row ranges, so that groups of 8 and leftover rows both occur)
     /// take the repacked order; a 12-row matrix takes `vec_dot`'s.
     #[test]
-    fn matvec_q4_0_groups_of_8_bit_identical() {
+    fn matvec_groups_of_8_bit_identical() {
         let mut r = Rng::new(23);
-        for nb in [1usize, 3, 9] {
+        for (ty, nb) in [GgmlType::Q4_0, GgmlType::IQ4_NL]
+            .into_iter()
+            .flat_map(|ty| [1usize, 3, 9].map(|nb| (ty, nb)))
+        {
             let n = nb * 32;
             let rb = nb * 18;
             for n_rows in [8usize, 12, 16, 24] {
@@ -593,16 +880,18 @@ mod tests {
                     for k in Kernels::available() {
                         let want = |x: &[u8], row: usize| {
                             let wr = &w[row * rb..(row + 1) * rb];
-                            if n_rows % 8 == 0 {
-                                repack::dot_q4_0_q8_0(blocks(wr), blocks(x))
-                            } else {
-                                k.vec_dot(GgmlType::Q4_0, n, wr, x)
+                            match (n_rows % 8 == 0, ty) {
+                                (true, GgmlType::Q4_0) => {
+                                    repack::dot_q4_0_q8_0(blocks(wr), blocks(x))
+                                }
+                                (true, _) => repack::dot_iq4_nl_q8_0(blocks(wr), blocks(x)),
+                                (false, _) => k.vec_dot(ty, n, wr, x),
                             }
                         };
-                        let ctx = format!("{} nb={nb} rows={n_rows} {range:?}", k.isa_name());
+                        let ctx = format!("{} {ty} nb={nb} rows={n_rows} {range:?}", k.isa_name());
                         let mut ys = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
                         for (x, y) in xs.iter().zip(&mut ys) {
-                            k.matvec(GgmlType::Q4_0, n, &w, x, range.clone(), y);
+                            k.matvec(ty, n, &w, x, range.clone(), y);
                             for (i, row) in range.clone().enumerate() {
                                 assert_eq!(y[i].to_bits(), want(x, row).to_bits(), "{ctx}");
                             }
@@ -612,13 +901,19 @@ mod tests {
                             unreachable!()
                         };
                         let x4 = std::array::from_fn(|t| &xs[t][..]);
-                        if k.matvec_tokens(GgmlType::Q4_0, n, &w, x4, range.clone(), [a, b, c, d]) {
+                        if k.matvec_tokens(ty, n, &w, x4, range.clone(), [a, b, c, d]) {
                             assert_eq!(ys4, ys, "tokens {ctx}");
                         }
                     }
                 }
             }
         }
+    }
+
+    /// The bytes of Q4_0 blocks (the same layout as IQ4_NL's).
+    fn bytes_of(b: &[BlockQ4_0]) -> &[u8] {
+        // SAFETY: `BlockQ4_0` is 18 bytes of alignment 1, every byte initialized.
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), std::mem::size_of_val(b)) }
     }
 
     /// Old (one register per row, then horizontal sums) against new (rows in the lanes) in the
@@ -679,6 +974,55 @@ mod tests {
                         },
                     );
                 }
+                if n_rows == 64 {
+                    // IQ4_NL: before, 8 rows x 4 tokens were 32 one-row dots (no multi-token
+                    // kernel), and decode one row at a time.
+                    let gi: Vec<[&[BlockIq4Nl]; 8]> = groups
+                        .iter()
+                        .map(|g| std::array::from_fn(|k| blocks(bytes_of(g[k]))))
+                        .collect();
+                    compare(
+                        &format!("prefill {v} IQ4_NL 8 rows x 4 tokens"),
+                        &mut || {
+                            for _ in 0..passes {
+                                for g in &gi {
+                                    for x in xb {
+                                        for row in g {
+                                            black_box(old::dot_iq4_nl_q8_0(t, row, x));
+                                        }
+                                    }
+                                }
+                            }
+                        },
+                        &mut || {
+                            for _ in 0..passes {
+                                for g in &gi {
+                                    black_box(dot_iq4_nl_q8_0_rows8_x4(t, *g, xb));
+                                }
+                            }
+                        },
+                    );
+                    compare(
+                        &format!("decode {v} IQ4_NL {n_rows} rows"),
+                        &mut || {
+                            for _ in 0..4 * passes {
+                                for g in &gi {
+                                    for row in g {
+                                        black_box(old::dot_iq4_nl_q8_0(t, row, xb[0]));
+                                    }
+                                }
+                            }
+                        },
+                        &mut || {
+                            for _ in 0..4 * passes {
+                                let a = prep::<BlockIq4Nl>(t, xb[0]);
+                                for g in &gi {
+                                    black_box(dot_iq4_nl_q8_0_rows8(t, *g, xb[0], &a, &[]));
+                                }
+                            }
+                        },
+                    );
+                }
                 compare(
                     &format!("decode {v} {n_rows} rows"),
                     &mut || {
@@ -690,7 +1034,7 @@ mod tests {
                     },
                     &mut || {
                         for _ in 0..4 * passes {
-                            let a = prep(t, xb[0]);
+                            let a = prep::<BlockQ4_0>(t, xb[0]);
                             for g in &groups {
                                 black_box(dot_q4_0_q8_0_rows8(t, *g, xb[0], &a, &[]));
                             }
