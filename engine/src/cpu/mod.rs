@@ -1085,41 +1085,11 @@ impl Kernels {
             }
             match w_ty {
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
+                // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
                 GgmlType::Q4_0 if repacked => {
-                    // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
-                    let xbl = x.map(blocks);
-                    let n8 = y[0].len() / 8 * 8;
-                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
-                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                        let r = q4_0_rows::dot_q4_0_q8_0_rows8_x4(t, rows8, xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
-                        }
-                    }
-                    for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {
-                        let r = repack::avx2::dot_q4_0_q8_0_xn(t, blocks(wr), xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[i] = rt;
-                        }
-                    }
+                    q4_0_rows::matvec_x4_q4_0(t, w, rb, x.map(blocks), &mut y)
                 }
-                GgmlType::IQ4_NL => {
-                    // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
-                    let xbl = x.map(blocks);
-                    let n8 = y[0].len() / 8 * 8;
-                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
-                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                        let r = q4_0_rows::dot_iq4_nl_q8_0_rows8_x4(t, rows8, xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
-                        }
-                    }
-                    for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {
-                        for (yt, xt) in y.iter_mut().zip(xbl) {
-                            yt[i] = repack::avx2::dot_iq4_nl_q8_0(t, blocks(wr), xt);
-                        }
-                    }
-                }
+                GgmlType::IQ4_NL => q4_0_rows::matvec_x4_iq4_nl(t, w, rb, x.map(blocks), &mut y),
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_K => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
                 _ => rows_with!(avx2::dot_q8_0_q8_0_xn),

@@ -23,6 +23,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::Token;
+use super::blocks;
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
 use super::q4_0::BlockQ4_0;
 use super::q8_0::BlockQ8_0;
@@ -566,6 +567,254 @@ kernels!(
     iq4_nl_rows8_x4_vnni
 );
 
+// ---- 16 rows in 512-bit registers (AVX-512 VNNI, prefill) ----
+//
+// The same scheme with rows 0..16 in the 16 lanes of a 512-bit register: each activation dword
+// is still one broadcast load, and one `vpdpbusd` does 16 rows' work; per row, the operations
+// and their order are those of the 8-row kernels.
+
+/// [`transposed_block`] for 16 rows: 4 registers `[row k | row k+4 | row k+8 | row k+12]`,
+/// transposed by dwords inside each 128-bit quarter, give lane r = row r.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are present; `i < w[r].len()` for every r.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn transposed_block16<B: Nibbles>(w: &[&[B]; 16], i: usize) -> ([__m512i; 8], __m512) {
+    // SAFETY: i < w[r].len() (caller); every `quants()` is 16 readable bytes and loadu has no
+    // alignment requirement.
+    // (Macros, not closures: closures do not inherit the target features.)
+    macro_rules! q {
+        ($r:expr) => {
+            w[$r].get_unchecked(i).quants().as_ptr().cast::<__m128i>()
+        };
+    }
+    macro_rules! row {
+        ($k:expr) => {{
+            let v = _mm512_castsi128_si512(_mm_loadu_si128(q!($k)));
+            let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(q!($k + 4)));
+            let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(q!($k + 8)));
+            _mm512_inserti32x4::<3>(v, _mm_loadu_si128(q!($k + 12)))
+        }};
+    }
+    macro_rules! s {
+        ($r:expr) => {
+            w[$r].get_unchecked(i).scale_bits()
+        };
+    }
+    // SAFETY: i < w[r].len() (caller); every `quants()` is 16 readable bytes and loadu has no
+    // alignment requirement.
+    let (r, d) = unsafe {
+        let d = _mm256_setr_epi16(
+            s!(0),
+            s!(1),
+            s!(2),
+            s!(3),
+            s!(4),
+            s!(5),
+            s!(6),
+            s!(7),
+            s!(8),
+            s!(9),
+            s!(10),
+            s!(11),
+            s!(12),
+            s!(13),
+            s!(14),
+            s!(15),
+        );
+        ([row!(0), row!(1), row!(2), row!(3)], d)
+    };
+    let a0 = _mm512_unpacklo_epi32(r[0], r[1]);
+    let a1 = _mm512_unpackhi_epi32(r[0], r[1]);
+    let a2 = _mm512_unpacklo_epi32(r[2], r[3]);
+    let a3 = _mm512_unpackhi_epi32(r[2], r[3]);
+    let t = [
+        _mm512_unpacklo_epi64(a0, a2),
+        _mm512_unpackhi_epi64(a0, a2),
+        _mm512_unpacklo_epi64(a1, a3),
+        _mm512_unpackhi_epi64(a1, a3),
+    ];
+    let m = _mm512_set1_epi8(0x0F);
+    let q = [
+        _mm512_and_si512(t[0], m),
+        _mm512_and_si512(t[1], m),
+        _mm512_and_si512(t[2], m),
+        _mm512_and_si512(t[3], m),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(t[0]), m),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(t[1]), m),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(t[2]), m),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(t[3]), m),
+    ];
+    (q, _mm512_cvtph_ps(d))
+}
+
+/// [`operands_q4_0`] for 16 rows.
+#[inline(always)]
+fn operands16_q4_0(q: [__m512i; 8]) -> [__m512i; 8] {
+    q
+}
+
+/// [`operands_iq4_nl`] for 16 rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn operands16_iq4_nl(q: [__m512i; 8]) -> [__m512i; 8] {
+    let t = _mm512_broadcast_i64x4(iq4_nl_table(0, -1));
+    [
+        _mm512_shuffle_epi8(t, q[0]),
+        _mm512_shuffle_epi8(t, q[1]),
+        _mm512_shuffle_epi8(t, q[2]),
+        _mm512_shuffle_epi8(t, q[3]),
+        _mm512_shuffle_epi8(t, q[4]),
+        _mm512_shuffle_epi8(t, q[5]),
+        _mm512_shuffle_epi8(t, q[6]),
+        _mm512_shuffle_epi8(t, q[7]),
+    ]
+}
+
+/// [`block_dots_vnni`] for 16 rows.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn block_dots16_vnni(q: &[__m512i; 8], y: &[i8; 32], a: ActBlock) -> __m512i {
+    // SAFETY: `4j + 4 <= 32` for j < 8, so each dword is inside `y`; read_unaligned has no
+    // alignment requirement.
+    macro_rules! b {
+        ($j:expr) => {
+            _mm512_set1_epi32(unsafe {
+                std::ptr::read_unaligned(y.as_ptr().add(4 * $j).cast::<i32>())
+            })
+        };
+    }
+    let s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(a.offset), q[0], b!(0));
+    let s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], b!(1));
+    let s0 = _mm512_dpbusd_epi32(s0, q[2], b!(2));
+    let s1 = _mm512_dpbusd_epi32(s1, q[3], b!(3));
+    let s0 = _mm512_dpbusd_epi32(s0, q[4], b!(4));
+    let s1 = _mm512_dpbusd_epi32(s1, q[5], b!(5));
+    let s0 = _mm512_dpbusd_epi32(s0, q[6], b!(6));
+    let s1 = _mm512_dpbusd_epi32(s1, q[7], b!(7));
+    _mm512_add_epi32(s0, s1)
+}
+
+/// Generates the 16-row, 4-token kernel `$rows16_x4` for weight blocks `$block` (see
+/// [`kernels`]).
+macro_rules! kernels16 {
+    ($block:ty, $operands:ident, $rows16_x4:ident) => {
+        /// 16 weight rows with 4 activation rows: lane r = row r of token t's register.
+        ///
+        /// # Safety
+        /// AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are present; every `w[r]` has at least
+        /// `x[0].len()` blocks, and every `x[t]` as many.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $rows16_x4(w: [&[$block]; 16], x: [&[BlockQ8_0]; 4]) -> [[f32; 16]; 4] {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for i in 0..x[0].len() {
+                // SAFETY: i < x[t].len() <= w[r].len() (caller); the features are this
+                // function's.
+                unsafe {
+                    let (q, dw) = transposed_block16(&w, i);
+                    let u = $operands(q);
+                    let bx = [
+                        x[0].get_unchecked(i),
+                        x[1].get_unchecked(i),
+                        x[2].get_unchecked(i),
+                        x[3].get_unchecked(i),
+                    ];
+                    let a = block_sums_x4::<$block>(bx);
+                    for t in 0..4 {
+                        let isum = block_dots16_vnni(&u, &bx[t].qs, a[t]);
+                        let d = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d));
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[t]);
+                    }
+                }
+            }
+            let mut out = [[0.0f32; 16]; 4];
+            for t in 0..4 {
+                // SAFETY: `out[t]` is 16 writable f32; storeu has no alignment requirement.
+                unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+            }
+            out
+        }
+    };
+}
+
+kernels16!(BlockQ4_0, operands16_q4_0, rows16_x4_vnni);
+kernels16!(BlockIq4Nl, operands16_iq4_nl, iq4_nl_rows16_x4_vnni);
+
+/// Generates `$name`: the 4-token product of all rows of a repacked matrix slice, 16 rows at a
+/// time (AVX-512 tokens), then 8, then row by row with `$one` (`|token, row, x| -> [f32; 4]`).
+macro_rules! matvec_x4 {
+    ($name:ident, $block:ty, $rows16:ident, $rows8:ident, $one:expr) => {
+        /// `y[t][i]` = row i of `w` (whole rows of `rb` bytes) with token t, bit-identical to
+        /// the one-token kernels: groups of 16 rows (AVX-512) or 8 in the SIMD lanes, leftover
+        /// rows one by one.
+        ///
+        /// # Panics
+        /// If `rb` is 0, a `y[t]` has fewer slots than `w` rows, or an `x[t]` is shorter than
+        /// a row.
+        pub(super) fn $name(
+            t: Token,
+            w: &[u8],
+            rb: usize,
+            x: [&[BlockQ8_0]; 4],
+            y: &mut [&mut [f32]; 4],
+        ) {
+            let n_rows = w.len() / rb;
+            let row = |i: usize| -> &[$block] { blocks(&w[i * rb..(i + 1) * rb]) };
+            let mut i = 0;
+            if t.avx512() {
+                let n = x[0].len();
+                assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+                assert!(
+                    rb >= n * std::mem::size_of::<$block>(),
+                    "weight row too short"
+                );
+                while i + 16 <= n_rows {
+                    let rows = std::array::from_fn(|k| row(i + k));
+                    // SAFETY: the token's AVX-512 features were detected; lengths checked.
+                    let r = unsafe { $rows16(rows, x) };
+                    for (yt, rt) in y.iter_mut().zip(r) {
+                        yt[i..i + 16].copy_from_slice(&rt);
+                    }
+                    i += 16;
+                }
+            }
+            while i + 8 <= n_rows {
+                let r = $rows8(t, std::array::from_fn(|k| row(i + k)), x);
+                for (yt, rt) in y.iter_mut().zip(r) {
+                    yt[i..i + 8].copy_from_slice(&rt);
+                }
+                i += 8;
+            }
+            for i in i..n_rows {
+                let r: [f32; 4] = $one(t, row(i), x);
+                for (yt, rt) in y.iter_mut().zip(r) {
+                    yt[i] = rt;
+                }
+            }
+        }
+    };
+}
+
+matvec_x4!(
+    matvec_x4_q4_0,
+    BlockQ4_0,
+    rows16_x4_vnni,
+    dot_q4_0_q8_0_rows8_x4,
+    super::repack::avx2::dot_q4_0_q8_0_xn
+);
+matvec_x4!(
+    matvec_x4_iq4_nl,
+    BlockIq4Nl,
+    iq4_nl_rows16_x4_vnni,
+    dot_iq4_nl_q8_0_rows8_x4,
+    |t, w: &[BlockIq4Nl], x: [&[BlockQ8_0]; 4]| x
+        .map(|x| super::repack::avx2::dot_iq4_nl_q8_0(t, w, x))
+);
+
 /// Q4_0 · Q8_0 of 8 weight rows with one activation row in llama.cpp's repacked order,
 /// bit-identical to `repack::dot_q4_0_q8_0` per row; `a` is `x`'s [`prepare`]d blocks. Uses
 /// VNNI where the token has AVX-512. Spread over the blocks, it prefetches the first
@@ -859,6 +1108,57 @@ mod tests {
         }
     }
 
+    /// `matvec_x4_*` (16-row groups with AVX-512, then 8, then single rows) equal the portable
+    /// repacked order bit for bit, Q4_0 and IQ4_NL, every token: random and extreme blocks,
+    /// activations all -128 / 127, odd block counts, row counts 16, 24, 39, 40.
+    #[test]
+    fn matvec_x4_bit_identical_to_the_portable_order() {
+        let mut r = Rng::new(29);
+        for t in tokens() {
+            for nb in [1usize, 2, 3, 7, 9] {
+                for (fill, n_rows) in FILLS.into_iter().zip([16usize, 24, 39, 40]) {
+                    let w = weights(&mut r, n_rows, nb, fill);
+                    let rb = nb * 18;
+                    for extreme_x in [false, true] {
+                        let xs: Vec<Vec<u8>> = (0..4)
+                            .map(|k| q8_0_row(&mut r, nb, extreme_x && k != 3))
+                            .collect();
+                        let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                        for iq4 in [false, true] {
+                            let mut ys = vec![vec![f32::NAN; n_rows]; 4];
+                            let [a, b, c, d] = &mut ys[..] else {
+                                unreachable!()
+                            };
+                            let mut y = [&mut a[..], &mut b[..], &mut c[..], &mut d[..]];
+                            if iq4 {
+                                matvec_x4_iq4_nl(t, &w, rb, xb, &mut y);
+                            } else {
+                                matvec_x4_q4_0(t, &w, rb, xb, &mut y);
+                            }
+                            for (tok, yt) in ys.iter().enumerate() {
+                                for (i, got) in yt.iter().enumerate() {
+                                    let wr = &w[i * rb..(i + 1) * rb];
+                                    let want = if iq4 {
+                                        repack::dot_iq4_nl_q8_0(blocks(wr), xb[tok])
+                                    } else {
+                                        repack::dot_q4_0_q8_0(blocks(wr), xb[tok])
+                                    };
+                                    assert_eq!(
+                                        got.to_bits(),
+                                        want.to_bits(),
+                                        "avx512={} iq4={iq4} nb={nb} {fill:?} rows={n_rows} \
+                                         x_extreme={extreme_x} token {tok} row {i}",
+                                        t.avx512()
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Through `Kernels::matvec` / `matvec_tokens`, every x86 kernel set, Q4_0 and IQ4_NL:
     /// matrices of 8, 16 and 24 rows (whole and partial row ranges, so that groups of 8 and leftover rows both occur)
     /// take the repacked order; a 12-row matrix takes `vec_dot`'s.
@@ -970,6 +1270,29 @@ mod tests {
                                 for g in &groups {
                                     black_box(dot_q4_0_q8_0_rows8_x4(t, *g, xb));
                                 }
+                            }
+                        },
+                    );
+                }
+                if n_rows == 64 && t.avx512() {
+                    let mut ys = vec![vec![0f32; n_rows]; 4];
+                    compare(
+                        &format!("prefill {v} 64 rows x 4 tokens: 8-row groups vs 16-row"),
+                        &mut || {
+                            for _ in 0..passes {
+                                for g in &groups {
+                                    black_box(dot_q4_0_q8_0_rows8_x4(t, *g, xb));
+                                }
+                            }
+                        },
+                        &mut || {
+                            for _ in 0..passes {
+                                let [a, b, c, d] = &mut ys[..] else {
+                                    unreachable!()
+                                };
+                                let mut y = [&mut a[..], &mut b[..], &mut c[..], &mut d[..]];
+                                matvec_x4_q4_0(t, &w, rb, xb, &mut y);
+                                black_box(&mut y);
                             }
                         },
                     );
