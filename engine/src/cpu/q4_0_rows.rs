@@ -1,6 +1,6 @@
-//! Q4_0 · Q8_0 for 8 weight rows at once with row r in SIMD lane r (llama.cpp's repacked order,
-//! `ggml_gemv/gemm_q4_0_8x8_q8_0`, see `repack.rs`), without repacking the weights in memory and
-//! without horizontal sums.
+//! Q4_0 · Q8_0 and IQ4_NL · Q8_0 for 8 (or 16) weight rows at once with row r in SIMD lane r
+//! (llama.cpp's repacked order, `ggml_gemv/gemm_q4_0_8x8_q8_0` and `..._iq4_nl_8x8_q8_0`, see
+//! `repack.rs`), without repacking the weights in memory and without horizontal sums.
 //!
 //! Per 32-element block, the 16 quant bytes of the 8 rows are loaded as 4 registers
 //! `[row k | row k+4]` and transposed 4x4 by dwords inside the 128-bit halves, so that register
@@ -8,17 +8,25 @@
 //! high nibbles elements `16+4j..16+4j+3` of every row. The activation's matching 4 bytes are
 //! broadcast to all lanes, so one `maddubs` (AVX2) or `vpdpbusd` (VNNI) multiplies 4 elements of
 //! all 8 rows, and the lane sums are the rows' block dots: no reduction across lanes. The
-//! transpose and the nibble split are done once per block and shared by all tokens.
+//! transpose and the nibble split are done once per block and shared by all tokens. With
+//! AVX-512 the 4-token kernels hold 16 rows in 512-bit registers (`[row k | k+4 | k+8 | k+12]`,
+//! the same transpose per 128-bit quarter).
 //!
-//! The integer work differs from llama.cpp's but its results are exact: per row and block
-//! `isum = sum q*y - 8 * sum y` (q the nibble 0..15, y the i8 activation), where `-8 * sum y` is
-//! the same for every row and is prepared once per activation block ([`ActBlock`]). The f32
-//! operations per row are exactly the portable order's: `acc = fma(isum as f32, d_w * d_x, acc)`
-//! per block, so results are bit-identical to `repack::dot_q4_0_q8_0`.
+//! The integer work differs from llama.cpp's but its results are exact: the kernels multiply
+//! unsigned weights `u` (Q4_0: the nibble q, value `q - 8`; IQ4_NL: `table[q] + 128`, looked up
+//! with `pshufb`) by the i8 activations y, and per row and block `isum = sum u*y - bias * sum y`,
+//! where `-bias * sum y` is the same for every row ([`ActBlock`]: prepared once per activation
+//! row for one token, formed per block for 4 tokens together). The f32 operations per row are
+//! exactly the portable order's: `acc = fma(isum as f32, d_w * d_x, acc)` per block, so results
+//! are bit-identical to `repack::dot_q4_0_q8_0` / `repack::dot_iq4_nl_q8_0`.
 //!
-//! i16 bounds (AVX2): a `maddubs` pair sum is at most `2 * 15 * 128 = 3840` in magnitude, and
-//! the 8 results of a block are added in i16, so each i16 lane holds 16 products, at most
-//! `16 * 15 * 128 = 30720 < 32767`: nothing saturates. VNNI accumulates in i32 directly.
+//! i16 bounds (AVX2): a `maddubs` pair sum of nibbles is at most `2 * 15 * 128 = 3840` in
+//! magnitude, and the 8 results of a block are added in i16, so each i16 lane holds 16
+//! products, at most `16 * 15 * 128 = 30720 < 32767`: nothing saturates. IQ4_NL's `u` (up to
+//! 241) is split into two nibbles for that reason. VNNI accumulates in i32 directly.
+//!
+//! x86-64 only (the module is compiled there); the dispatch is in `Kernels::matvec` and
+//! `Kernels::matvec_tokens` (repacked Q4_0 and IQ4_NL arms).
 
 use std::arch::x86_64::*;
 
