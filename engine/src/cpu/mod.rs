@@ -45,6 +45,8 @@ mod ops;
 mod q2_k;
 mod q3_k;
 mod q4_0;
+#[cfg(target_arch = "x86_64")]
+mod q4_0_rows;
 mod q4_1;
 mod q4_k;
 #[cfg(target_arch = "x86_64")]
@@ -721,6 +723,8 @@ impl Kernels {
         // llama.cpp repacks some types into 8-row groups, by the whole matrix's row count.
         #[cfg(target_arch = "x86_64")]
         let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+        #[cfg(target_arch = "x86_64")]
+        let w_matrix = w;
         let w = w_rows;
         let x = &x_q[..xb];
         if rb == 0 {
@@ -749,21 +753,24 @@ impl Kernels {
         // the rest one by one.
         #[cfg(target_arch = "x86_64")]
         macro_rules! rows8_with {
-            ($t:expr, $dot8:path, $dot:path) => {{
-                let xb = blocks(x);
+            ($dot8:expr, $dot:expr) => {{
                 let (y8, y1) = y.split_at_mut(y.len() / 8 * 8);
                 let (w8, w1) = w.split_at(y8.len() * rb);
-                for (i, (ys, ws)) in y8
+                for (g, (ys, ws)) in y8
                     .chunks_exact_mut(8)
                     .zip(w8.chunks_exact(8 * rb))
                     .enumerate()
                 {
-                    prefetch_ahead(w, (i + 1) * 8 * rb + PREFETCH_BYTES, 8 * rb);
+                    // The kernel prefetches the next 8 rows (past this call's, where the
+                    // matrix has them: this thread's next call reads them).
+                    let next = (rows.start + 8 * g + 8) * rb;
+                    let ahead =
+                        &w_matrix[next.min(w_matrix.len())..(next + 8 * rb).min(w_matrix.len())];
                     let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                    ys.copy_from_slice(&$dot8($t, rows8, xb));
+                    ys.copy_from_slice(&$dot8(rows8, ahead));
                 }
                 for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
-                    *yi = $dot($t, blocks(wr), xb);
+                    *yi = $dot(blocks(wr));
                 }
             }};
         }
@@ -793,15 +800,34 @@ impl Kernels {
             // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                // The activation's per-block sums, once for all groups of 8 rows.
+                let mut stack = [q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS];
+                let mut heap = Vec::new();
+                let a = if y.len() >= 8 {
+                    q4_0_rows::prepared::<BlockQ4_0>(t, xb, &mut stack, &mut heap)
+                } else {
+                    &[]
+                };
                 rows8_with!(
-                    t,
-                    repack::avx2::dot_q4_0_q8_0_rows8,
-                    repack::avx2::dot_q4_0_q8_0
+                    |rows8, ahead| q4_0_rows::dot_q4_0_q8_0_rows8(t, rows8, xb, a, ahead),
+                    |wr| repack::avx2::dot_q4_0_q8_0(t, wr, xb)
                 )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::IQ4_NL) if repacked => {
-                rows_with!(|wr| repack::avx2::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+                let xb = blocks(x);
+                let mut stack = [q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS];
+                let mut heap = Vec::new();
+                let a = if y.len() >= 8 {
+                    q4_0_rows::prepared::<iq4_nl::BlockIq4Nl>(t, xb, &mut stack, &mut heap)
+                } else {
+                    &[]
+                };
+                rows8_with!(
+                    |rows8, ahead| q4_0_rows::dot_iq4_nl_q8_0_rows8(t, rows8, xb, a, ahead),
+                    |wr| repack::avx2::dot_iq4_nl_q8_0(t, wr, xb)
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_K) if repacked && t.avx512() => {
@@ -1065,7 +1091,7 @@ impl Kernels {
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
-            if !matches!(
+            if !(matches!(
                 w_ty,
                 GgmlType::Q4_1
                     | GgmlType::Q4_0
@@ -1075,7 +1101,8 @@ impl Kernels {
                     | GgmlType::Q6_K
                     | GgmlType::Q5_0
                     | GgmlType::Q5_1
-            ) {
+            ) || (w_ty == GgmlType::IQ4_NL && repacked))
+            {
                 return false;
             }
             assert!(
@@ -1106,24 +1133,11 @@ impl Kernels {
             }
             match w_ty {
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
+                // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
                 GgmlType::Q4_0 if repacked => {
-                    // Eight rows in the SIMD lanes (as in `matvec`), the rest one by one.
-                    let xbl = x.map(blocks);
-                    let n8 = y[0].len() / 8 * 8;
-                    for (g, ws) in w[..n8 * rb].chunks_exact(8 * rb).enumerate() {
-                        let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                        let r = repack::avx2::dot_q4_0_q8_0_rows8_x4(t, rows8, xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[8 * g..8 * g + 8].copy_from_slice(&rt);
-                        }
-                    }
-                    for (i, wr) in w.chunks_exact(rb).enumerate().skip(n8) {
-                        let r = repack::avx2::dot_q4_0_q8_0_xn(t, blocks(wr), xbl);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[i] = rt;
-                        }
-                    }
+                    q4_0_rows::matvec_x4_q4_0(t, w, rb, x.map(blocks), &mut y)
                 }
+                GgmlType::IQ4_NL => q4_0_rows::matvec_x4_iq4_nl(t, w, rb, x.map(blocks), &mut y),
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_K if repacked && t.avx512() => {
                     q4_k_rows::matvec_q4_k(t, w, rb, x.map(blocks), y, |_, _| {})

@@ -330,6 +330,8 @@ pub(super) mod avx2 {
 
     /// The 8 lanes of `p[r]` summed per register: lane r of the result is the sum of `p[r]`
     /// (integer adds, exact in any order).
+    // Superseded by `q4_0_rows`; kept as the baseline its tests and benchmark compare with.
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum_i32_x8(p: [__m256i; 8]) -> __m256i {
         let s01 = _mm256_hadd_epi32(p[0], p[1]);
@@ -352,6 +354,8 @@ pub(super) mod avx2 {
     ///
     /// # Safety
     /// AVX2, FMA and F16C are present; every `w[r]` has at least `x.len()` blocks.
+    // Superseded by `q4_0_rows`; kept as the baseline its tests and benchmark compare with.
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_0_rows8_impl(w: [&[BlockQ4_0]; 8], x: &[BlockQ8_0]) -> [f32; 8] {
         let ones = _mm256_set1_epi16(1);
@@ -388,6 +392,8 @@ pub(super) mod avx2 {
     /// # Safety
     /// AVX2, FMA and F16C are present; every `w[r]` has at least `x[t].len()` blocks and every
     /// `x[t]` the same length.
+    // Superseded by `q4_0_rows`; kept as the baseline its tests and benchmark compare with.
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_0_rows8_x4_impl(w: [&[BlockQ4_0]; 8], x: [&[BlockQ8_0]; 4]) -> [[f32; 8]; 4] {
         let ones = _mm256_set1_epi16(1);
@@ -427,6 +433,8 @@ pub(super) mod avx2 {
     ///
     /// # Panics
     /// If the activation rows differ in length or a weight row is shorter than them.
+    // Superseded by `q4_0_rows`; kept as the baseline its tests and benchmark compare with.
+    #[cfg(test)]
     pub(in super::super) fn dot_q4_0_q8_0_rows8_x4(
         _: Token,
         w: [&[BlockQ4_0]; 8],
@@ -443,6 +451,8 @@ pub(super) mod avx2 {
     ///
     /// # Panics
     /// If a weight row has fewer blocks than `x`.
+    // Superseded by `q4_0_rows`; kept as the baseline its tests and benchmark compare with.
+    #[cfg(test)]
     pub(in super::super) fn dot_q4_0_q8_0_rows8(
         _: Token,
         w: [&[BlockQ4_0]; 8],
