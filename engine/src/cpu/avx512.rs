@@ -464,6 +464,14 @@ pub(super) unsafe fn dot_q6_k_q8_k_xn<const N: usize>(
     });
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, bw) in w.iter().enumerate() {
+        if N == 1 {
+            // Decode streams the weights once: the lines of the block 16 blocks ahead (Q6_K
+            // blocks are 210 bytes, so about 3.3 lines each), spread over the loop.
+            let ahead = (bw as *const BlockQ6_K).cast::<u8>().wrapping_add(16 * 210);
+            for line in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+            }
+        }
         // SAFETY: i < w.len() <= x[t].len() (caller).
         let bx = x.map(|r| unsafe { r.get_unchecked(i) });
         let dw = f16_le(bw.d);
