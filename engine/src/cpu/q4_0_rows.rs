@@ -709,40 +709,49 @@ unsafe fn block_dots16_vnni(q: &[__m512i; 8], y: &[i8; 32], a: ActBlock) -> __m5
     _mm512_add_epi32(s0, s1)
 }
 
-/// Generates the 16-row, 4-token kernel `$rows16_x4` for weight blocks `$block` (see
-/// [`kernels`]).
+/// Generates the 16-row kernel `$rows16_xn` for `N` (4 or 8) tokens and weight blocks
+/// `$block` (see [`kernels`]).
 macro_rules! kernels16 {
-    ($block:ty, $operands:ident, $rows16_x4:ident) => {
-        /// 16 weight rows with 4 activation rows: lane r = row r of token t's register.
+    ($block:ty, $operands:ident, $rows16_xn:ident) => {
+        /// 16 weight rows with `N` activation rows (`N` a multiple of 4): lane r = row r of
+        /// token t's register. The transpose of each block is shared by the `N` tokens.
         ///
         /// # Safety
         /// AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are present; every `w[r]` has at least
         /// `x[0].len()` blocks, and every `x[t]` as many.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $rows16_x4(w: [&[$block]; 16], x: [&[BlockQ8_0]; 4]) -> [[f32; 16]; 4] {
-            let mut acc = [_mm512_setzero_ps(); 4];
+        unsafe fn $rows16_xn<const N: usize>(
+            w: [&[$block]; 16],
+            x: [&[BlockQ8_0]; N],
+        ) -> [[f32; 16]; N] {
+            debug_assert!(N % 4 == 0);
+            let mut acc = [_mm512_setzero_ps(); N];
             for i in 0..x[0].len() {
                 // SAFETY: i < x[t].len() <= w[r].len() (caller); the features are this
                 // function's.
                 unsafe {
                     let (q, dw) = transposed_block16(&w, i);
                     let u = $operands(q);
-                    let bx = [
-                        x[0].get_unchecked(i),
-                        x[1].get_unchecked(i),
-                        x[2].get_unchecked(i),
-                        x[3].get_unchecked(i),
-                    ];
-                    let a = block_sums_x4::<$block>(bx);
-                    for t in 0..4 {
-                        let isum = block_dots16_vnni(&u, &bx[t].qs, a[t]);
-                        let d = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d));
-                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[t]);
+                    let mut g = 0;
+                    while g < N {
+                        let bx = [
+                            x[g].get_unchecked(i),
+                            x[g + 1].get_unchecked(i),
+                            x[g + 2].get_unchecked(i),
+                            x[g + 3].get_unchecked(i),
+                        ];
+                        let a = block_sums_x4::<$block>(bx);
+                        for k in 0..4 {
+                            let isum = block_dots16_vnni(&u, &bx[k].qs, a[k]);
+                            let d = _mm512_mul_ps(dw, _mm512_set1_ps(a[k].d));
+                            acc[g + k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[g + k]);
+                        }
+                        g += 4;
                     }
                 }
             }
-            let mut out = [[0.0f32; 16]; 4];
-            for t in 0..4 {
+            let mut out = [[0.0f32; 16]; N];
+            for t in 0..N {
                 // SAFETY: `out[t]` is 16 writable f32; storeu has no alignment requirement.
                 unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
             }
@@ -751,8 +760,8 @@ macro_rules! kernels16 {
     };
 }
 
-kernels16!(BlockQ4_0, operands16_q4_0, rows16_x4_vnni);
-kernels16!(BlockIq4Nl, operands16_iq4_nl, iq4_nl_rows16_x4_vnni);
+kernels16!(BlockQ4_0, operands16_q4_0, rows16_xn_vnni);
+kernels16!(BlockIq4Nl, operands16_iq4_nl, iq4_nl_rows16_xn_vnni);
 
 /// Generates `$name`: the 4-token product of all rows of a repacked matrix slice, 16 rows at a
 /// time (AVX-512 tokens), then 8, then row by row with `$one` (`|token, row, x| -> [f32; 4]`).
@@ -809,17 +818,67 @@ macro_rules! matvec_x4 {
     };
 }
 
+/// `y[t][i]` = row i of `w` (whole rows of `rb` bytes) with token t, for 8 tokens: groups of
+/// 16 rows with 8 tokens per call (AVX-512; each block's transpose shared by 8 tokens), the
+/// rest as two 4-token halves ([`matvec_x4_q4_0`]); bit-identical to the one-token kernels.
+/// `None` (nothing written) without AVX-512.
+///
+/// # Panics
+/// If `rb` is 0, a `y[t]` has fewer slots than `w` rows, or an `x[t]` is shorter than a row.
+pub(super) fn matvec_x8_q4_0(
+    t: Token,
+    w: &[u8],
+    rb: usize,
+    x: [&[BlockQ8_0]; 8],
+    y: &mut [&mut [f32]; 8],
+) -> Option<()> {
+    if !t.avx512() {
+        return None;
+    }
+    let n_rows = w.len() / rb;
+    let n = x[0].len();
+    assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+    assert!(
+        rb >= n * std::mem::size_of::<BlockQ4_0>(),
+        "weight row too short"
+    );
+    let row = |i: usize| -> &[BlockQ4_0] { blocks(&w[i * rb..(i + 1) * rb]) };
+    let mut i = 0;
+    while i + 16 <= n_rows {
+        let rows = std::array::from_fn(|k| row(i + k));
+        // SAFETY: the token's AVX-512 features were detected; lengths checked.
+        let r = unsafe { rows16_xn_vnni::<8>(rows, x) };
+        for (yt, rt) in y.iter_mut().zip(r) {
+            yt[i..i + 16].copy_from_slice(&rt);
+        }
+        i += 16;
+    }
+    if i < n_rows {
+        let rest = &w[i * rb..];
+        let (lo, hi) = y.split_at_mut(4);
+        for (half, ys) in [(0usize, lo), (4, hi)] {
+            let mut yh: [&mut [f32]; 4] = {
+                let [a, b, c, d] = ys else { unreachable!() };
+                [&mut a[i..], &mut b[i..], &mut c[i..], &mut d[i..]]
+            };
+            let xh = [x[half], x[half + 1], x[half + 2], x[half + 3]];
+            matvec_x4_q4_0(t, rest, rb, xh, &mut yh);
+        }
+    }
+    Some(())
+}
+
 matvec_x4!(
     matvec_x4_q4_0,
     BlockQ4_0,
-    rows16_x4_vnni,
+    rows16_xn_vnni,
     dot_q4_0_q8_0_rows8_x4,
     super::repack::avx2::dot_q4_0_q8_0_xn
 );
 matvec_x4!(
     matvec_x4_iq4_nl,
     BlockIq4Nl,
-    iq4_nl_rows16_x4_vnni,
+    iq4_nl_rows16_xn_vnni,
     dot_iq4_nl_q8_0_rows8_x4,
     |t, w: &[BlockIq4Nl], x: [&[BlockQ8_0]; 4]| x
         .map(|x| super::repack::avx2::dot_iq4_nl_q8_0(t, w, x))

@@ -249,6 +249,72 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
     }
 }
 
+/// The 8-token entry equals one token at a time, bit for bit, on matrices llama.cpp repacks
+/// (16-row groups, a leftover group of 8 and single rows, ranges not starting at 0), and
+/// declines what it has no kernel for.
+#[test]
+fn matvec_tokens8_equals_one_token_at_a_time() {
+    use super::MATVEC_TOKENS8;
+    let mut r = Rng::new(77);
+    for k in all_kernels() {
+        for (rows, range) in [(16usize, 0..16usize), (40, 0..40), (40, 3..40), (24, 5..21)] {
+            let n = 256;
+            let ty = GgmlType::Q4_0;
+            let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+            let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS8)
+                .map(|_| {
+                    let mut b = vec![0u8; bytes_of(GgmlType::Q8_0, n)];
+                    k.quantize_row(GgmlType::Q8_0, &r.vec(n, 1.0), &mut b)
+                        .unwrap();
+                    b
+                })
+                .collect();
+            let mut got = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS8];
+            let ys: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
+            let ys: [&mut [f32]; MATVEC_TOKENS8] = ys.try_into().unwrap();
+            let done = k.matvec_tokens8(
+                ty,
+                n,
+                &w,
+                std::array::from_fn(|t| &xs[t][..]),
+                range.clone(),
+                ys,
+            );
+            if !done {
+                assert!(
+                    got.iter().flatten().all(|v| v.is_nan()),
+                    "declined but wrote"
+                );
+                continue;
+            }
+            for (t, x) in xs.iter().enumerate() {
+                let mut want = vec![0.0f32; range.len()];
+                k.matvec(ty, n, &w, x, range.clone(), &mut want);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got[t]),
+                    bits(&want),
+                    "{} rows {rows} token {t}",
+                    k.isa_name()
+                );
+            }
+        }
+        // Q4_1 has no 8-token kernel.
+        let w = weight_row(&mut r, GgmlType::Q4_1, 32);
+        let x = vec![0u8; bytes_of(GgmlType::Q8_1, 32)];
+        let mut ys = [[0.0f32; 1]; MATVEC_TOKENS8];
+        let [a, b, c, d, e, f, g, h] = &mut ys;
+        assert!(!k.matvec_tokens8(
+            GgmlType::Q4_1,
+            32,
+            &w,
+            [&x[..]; MATVEC_TOKENS8],
+            0..1,
+            [a, b, c, d, e, f, g, h]
+        ));
+    }
+}
+
 #[test]
 fn detect_honours_env_and_names() {
     assert_eq!(Kernels::scalar().isa_name(), "scalar");

@@ -1448,6 +1448,21 @@ impl OpCtx<'_> {
         while start < mine.end {
             let end = (start + chunk).min(mine.end);
             let mut t = 0;
+            // Groups of 8 tokens where a kernel takes them (prefill), then of 4.
+            while t + cpu::MATVEC_TOKENS8 <= n_tok {
+                let xs: [&[u8]; cpu::MATVEC_TOKENS8] =
+                    std::array::from_fn(|k| &xq[(t + k) * xrb..(t + k + 1) * xrb]);
+                let ys: [&mut [f32]; cpu::MATVEC_TOKENS8] =
+                    std::array::from_fn(|k| self.output(out, t + k, start..end));
+                if !self
+                    .exec
+                    .kernels
+                    .matvec_tokens8(w.ty, w.row_len, bytes, xs, start..end, ys)
+                {
+                    break;
+                }
+                t += cpu::MATVEC_TOKENS8;
+            }
             // Groups of tokens through the multi-token kernel where there is one (prefill).
             while t + cpu::MATVEC_TOKENS <= n_tok {
                 let xs: [&[u8]; cpu::MATVEC_TOKENS] =
