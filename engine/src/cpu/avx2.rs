@@ -404,6 +404,25 @@ pub(super) fn dot_q8_0_q8_0(t: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     unsafe { dot_q8_0_q8_0_impl(w, x) }
 }
 
+/// [`dot_q4_1_q8_1`] of a weight row with 8 activation rows (bit-identical to 8 calls), where
+/// the CPU has an 8-token kernel (AVX-512 VNNI); `None` otherwise.
+///
+/// # Panics
+/// If an activation row is shorter than the weight row.
+pub(super) fn dot_q4_1_q8_1_x8(
+    t: Token,
+    w: &[BlockQ4_1],
+    x: [&[BlockQ8_1]; 8],
+) -> Option<[f32; 8]> {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+    t.avx512
+        .then(|| unsafe { super::avx512::dot_q4_1_q8_1_x8(w, x) })
+}
+
 /// [`dot_q4_1_q8_1`] of two weight rows (bit-identical to two calls), where the CPU has a
 /// two-row kernel (AVX-512 VNNI); `None` otherwise.
 ///

@@ -382,6 +382,79 @@ pub(super) unsafe fn dot_q5_0_q8_0_x4(w: &[BlockQ5_0], x: [&[BlockQ8_0]; 4]) -> 
     [s0, s1, s2, s3]
 }
 
+/// [`dot_q4_1_q8_1_x4`] for 8 tokens: the nibbles and the weight scales of each block are
+/// unpacked once for 8 tokens instead of 4; every lane sees the one-token sequence.
+///
+/// # Safety
+/// The CPU has the features of [`detected`]; every `x[t].len() >= w.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q4_1_q8_1_x8(w: &[BlockQ4_1], x: [&[BlockQ8_1]; 8]) -> [f32; 8] {
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let (mut acc_m_lo, mut acc_m_hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let idx01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    let idx23 = _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6);
+    for (i, bw) in w.iter().enumerate() {
+        // SAFETY: AVX2 is among this function's features.
+        let q = unsafe { nibbles(&bw.qs) };
+        let qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
+        let dm = f16_pairs([[bw.d[0], bw.d[1], bw.m[0], bw.m[1]]; 4]);
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx: [&BlockQ8_1; 8] = [
+            unsafe { x[0].get_unchecked(i) },
+            unsafe { x[1].get_unchecked(i) },
+            unsafe { x[2].get_unchecked(i) },
+            unsafe { x[3].get_unchecked(i) },
+            unsafe { x[4].get_unchecked(i) },
+            unsafe { x[5].get_unchecked(i) },
+            unsafe { x[6].get_unchecked(i) },
+            unsafe { x[7].get_unchecked(i) },
+        ];
+        let ds = |b: &BlockQ8_1| [b.d[0], b.d[1], b.s[0], b.s[1]];
+        // [d_w*d_x, m_w*s_x] per token, tokens 0..4 and 4..8: the one-token products.
+        let p_lo = _mm256_mul_ps(dm, f16_pairs([ds(bx[0]), ds(bx[1]), ds(bx[2]), ds(bx[3])]));
+        let p_hi = _mm256_mul_ps(dm, f16_pairs([ds(bx[4]), ds(bx[5]), ds(bx[6]), ds(bx[7])]));
+        acc_m_lo = _mm256_add_ps(acc_m_lo, p_lo);
+        acc_m_hi = _mm256_add_ps(acc_m_hi, p_hi);
+        for (h, p) in [(0usize, p_lo), (2, p_hi)] {
+            let p512 = _mm512_castps256_ps512(p);
+            let t = 2 * h;
+            let prod01 = _mm512_dpbusd_epi32(zero, qq, load_q8_pair(&bx[t].qs, &bx[t + 1].qs));
+            let prod23 = _mm512_dpbusd_epi32(zero, qq, load_q8_pair(&bx[t + 2].qs, &bx[t + 3].qs));
+            acc[h] = _mm512_fmadd_ps(
+                _mm512_permutexvar_ps(idx01, p512),
+                _mm512_cvtepi32_ps(prod01),
+                acc[h],
+            );
+            acc[h + 1] = _mm512_fmadd_ps(
+                _mm512_permutexvar_ps(idx23, p512),
+                _mm512_cvtepi32_ps(prod23),
+                acc[h + 1],
+            );
+        }
+    }
+    let (mut m_lo, mut m_hi) = ([0.0f32; 8], [0.0f32; 8]);
+    // SAFETY: both have 8 f32; storeu has no alignment requirement.
+    unsafe {
+        _mm256_storeu_ps(m_lo.as_mut_ptr(), acc_m_lo);
+        _mm256_storeu_ps(m_hi.as_mut_ptr(), acc_m_hi);
+    }
+    let (s0, s1) = hsum_pair(acc[0]);
+    let (s2, s3) = hsum_pair(acc[1]);
+    let (s4, s5) = hsum_pair(acc[2]);
+    let (s6, s7) = hsum_pair(acc[3]);
+    [
+        s0 + m_lo[1],
+        s1 + m_lo[3],
+        s2 + m_lo[5],
+        s3 + m_lo[7],
+        s4 + m_hi[1],
+        s5 + m_hi[3],
+        s6 + m_hi[5],
+        s7 + m_hi[7],
+    ]
+}
+
 /// Q4_0 . Q8_0 of one weight row with 4 tokens, two per 512-bit register.
 ///
 /// # Safety

@@ -1176,9 +1176,9 @@ impl Kernels {
 
 impl Kernels {
     /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
-    /// from sharing each weight block's unpacking among 8 tokens (repacked Q4_0 with AVX-512
-    /// VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time. Results
-    /// are bit-identical to one token at a time.
+    /// from sharing each weight block's unpacking among 8 tokens (Q4_1 and repacked Q4_0 with
+    /// AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
+    /// Results are bit-identical to one token at a time.
     ///
     /// # Panics
     /// As [`Kernels::matvec_tokens`].
@@ -1193,11 +1193,12 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa {
-            if w_ty != GgmlType::Q4_0 || !t.avx512() {
+            if !t.avx512() || !matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1) {
                 return false;
             }
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
-            if rb == 0 || !repack::repacked_shape(w.len() / rb) {
+            let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+            if rb == 0 || (w_ty == GgmlType::Q4_0 && !repacked) {
                 return false;
             }
             assert!(
@@ -1209,8 +1210,21 @@ impl Kernels {
                 "matvec: y must have one slot per row"
             );
             let mut y = y;
-            let x = x_q.map(|x| blocks(&x[..xb]));
-            return q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y).is_some();
+            if w_ty == GgmlType::Q4_0 {
+                let x = x_q.map(|x| blocks(&x[..xb]));
+                return q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y).is_some();
+            }
+            let x = x_q.map(|x| blocks::<BlockQ8_1>(&x[..xb]));
+            for (i, wr) in w_rows.chunks_exact(rb).enumerate() {
+                // (Never `None`: AVX-512 was checked above.)
+                let Some(r) = avx2::dot_q4_1_q8_1_x8(t, blocks(wr), x) else {
+                    return false;
+                };
+                for (yt, rt) in y.iter_mut().zip(r) {
+                    yt[i] = rt;
+                }
+            }
+            return true;
         }
         let _ = (w_ty, n, w, x_q, rows, y);
         false

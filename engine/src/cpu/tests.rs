@@ -257,15 +257,21 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
     use super::MATVEC_TOKENS8;
     let mut r = Rng::new(77);
     for k in all_kernels() {
-        for (rows, range) in [(16usize, 0..16usize), (40, 0..40), (40, 3..40), (24, 5..21)] {
+        for (ty, rows, range) in [
+            (GgmlType::Q4_0, 16usize, 0..16usize),
+            (GgmlType::Q4_0, 40, 0..40),
+            (GgmlType::Q4_0, 40, 3..40),
+            (GgmlType::Q4_0, 24, 5..21),
+            (GgmlType::Q4_1, 7, 0..7),
+            (GgmlType::Q4_1, 40, 3..40),
+        ] {
             let n = 256;
-            let ty = GgmlType::Q4_0;
+            let xt = vec_dot_type(ty);
             let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
             let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS8)
                 .map(|_| {
-                    let mut b = vec![0u8; bytes_of(GgmlType::Q8_0, n)];
-                    k.quantize_row(GgmlType::Q8_0, &r.vec(n, 1.0), &mut b)
-                        .unwrap();
+                    let mut b = vec![0u8; bytes_of(xt, n)];
+                    k.quantize_row(xt, &r.vec(n, 1.0), &mut b).unwrap();
                     b
                 })
                 .collect();
@@ -299,13 +305,13 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 );
             }
         }
-        // Q4_1 has no 8-token kernel.
-        let w = weight_row(&mut r, GgmlType::Q4_1, 32);
-        let x = vec![0u8; bytes_of(GgmlType::Q8_1, 32)];
+        // Q8_0 has no 8-token kernel.
+        let w = weight_row(&mut r, GgmlType::Q8_0, 32);
+        let x = vec![0u8; bytes_of(GgmlType::Q8_0, 32)];
         let mut ys = [[0.0f32; 1]; MATVEC_TOKENS8];
         let [a, b, c, d, e, f, g, h] = &mut ys;
         assert!(!k.matvec_tokens8(
-            GgmlType::Q4_1,
+            GgmlType::Q8_0,
             32,
             &w,
             [&x[..]; MATVEC_TOKENS8],
