@@ -763,6 +763,43 @@ macro_rules! kernels16 {
 kernels16!(BlockQ4_0, operands16_q4_0, rows16_xn_vnni);
 kernels16!(BlockIq4Nl, operands16_iq4_nl, iq4_nl_rows16_xn_vnni);
 
+/// A 16-row AVX-512 kernel for `N` tokens (see [`kernels16`]).
+type Rows16Kernel<B, const N: usize> = unsafe fn([&[B]; 16], [&[BlockQ8_0]; N]) -> [[f32; 16]; N];
+
+/// The whole 16-row groups of `w` (rows of `rb` bytes) with `N` tokens through the AVX-512
+/// kernel `rows16`: `y[t][i..i + 16]` for each group; returns the number of rows done.
+///
+/// # Panics
+/// If `t` is not an AVX-512 token, the activation rows differ in length or are longer than a
+/// weight row, or a `y[t]` is too short.
+fn rows16_groups<B: super::Block, const N: usize>(
+    t: Token,
+    w: &[u8],
+    rb: usize,
+    x: [&[BlockQ8_0]; N],
+    y: &mut [&mut [f32]; N],
+    rows16: Rows16Kernel<B, N>,
+) -> usize {
+    assert!(t.avx512(), "the 16-row kernels need an AVX-512 token");
+    let n_rows = w.len() / rb;
+    let n = x.first().map_or(0, |r| r.len());
+    assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+    assert!(rb >= n * std::mem::size_of::<B>(), "weight row too short");
+    let row = |i: usize| -> &[B] { blocks(&w[i * rb..(i + 1) * rb]) };
+    let mut i = 0;
+    while i + 16 <= n_rows {
+        let rows = std::array::from_fn(|k| row(i + k));
+        // SAFETY: the token's AVX-512 features were detected (asserted); every weight row
+        // holds at least the activation's blocks (asserted).
+        let r = unsafe { rows16(rows, x) };
+        for (yt, rt) in y.iter_mut().zip(r) {
+            yt[i..i + 16].copy_from_slice(&rt);
+        }
+        i += 16;
+    }
+    i
+}
+
 /// Generates `$name`: the 4-token product of all rows of a repacked matrix slice, 16 rows at a
 /// time (AVX-512 tokens), then 8, then row by row with `$one` (`|token, row, x| -> [f32; 4]`).
 macro_rules! matvec_x4 {
@@ -785,21 +822,7 @@ macro_rules! matvec_x4 {
             let row = |i: usize| -> &[$block] { blocks(&w[i * rb..(i + 1) * rb]) };
             let mut i = 0;
             if t.avx512() {
-                let n = x[0].len();
-                assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
-                assert!(
-                    rb >= n * std::mem::size_of::<$block>(),
-                    "weight row too short"
-                );
-                while i + 16 <= n_rows {
-                    let rows = std::array::from_fn(|k| row(i + k));
-                    // SAFETY: the token's AVX-512 features were detected; lengths checked.
-                    let r = unsafe { $rows16(rows, x) };
-                    for (yt, rt) in y.iter_mut().zip(r) {
-                        yt[i..i + 16].copy_from_slice(&rt);
-                    }
-                    i += 16;
-                }
+                i = rows16_groups::<$block, 4>(t, w, rb, x, y, $rows16);
             }
             while i + 8 <= n_rows {
                 let r = $rows8(t, std::array::from_fn(|k| row(i + k)), x);
@@ -836,23 +859,7 @@ pub(super) fn matvec_x8_q4_0(
         return None;
     }
     let n_rows = w.len() / rb;
-    let n = x[0].len();
-    assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
-    assert!(
-        rb >= n * std::mem::size_of::<BlockQ4_0>(),
-        "weight row too short"
-    );
-    let row = |i: usize| -> &[BlockQ4_0] { blocks(&w[i * rb..(i + 1) * rb]) };
-    let mut i = 0;
-    while i + 16 <= n_rows {
-        let rows = std::array::from_fn(|k| row(i + k));
-        // SAFETY: the token's AVX-512 features were detected; lengths checked.
-        let r = unsafe { rows16_xn_vnni::<8>(rows, x) };
-        for (yt, rt) in y.iter_mut().zip(r) {
-            yt[i..i + 16].copy_from_slice(&rt);
-        }
-        i += 16;
-    }
+    let i = rows16_groups::<BlockQ4_0, 8>(t, w, rb, x, y, rows16_xn_vnni::<8>);
     if i < n_rows {
         let rest = &w[i * rb..];
         let (lo, hi) = y.split_at_mut(4);

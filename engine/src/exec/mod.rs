@@ -1428,6 +1428,33 @@ impl OpCtx<'_> {
         }
     }
 
+    /// Tokens `t0..` of a matmul in groups of `N` through `kernel` (a multi-token entry of
+    /// [`Kernels`]: activations `xq` in rows of `xrb` bytes, outputs rows `rows` of `out`),
+    /// while whole groups remain and the kernel takes them; returns the first token left.
+    #[allow(clippy::too_many_arguments)]
+    fn token_groups<const N: usize>(
+        &self,
+        out: ValueId,
+        xq: &[u8],
+        xrb: usize,
+        t0: usize,
+        n_tok: usize,
+        rows: &std::ops::Range<usize>,
+        kernel: impl Fn([&[u8]; N], [&mut [f32]; N]) -> bool,
+    ) -> usize {
+        let mut t = t0;
+        while t + N <= n_tok {
+            let xs: [&[u8]; N] = std::array::from_fn(|k| &xq[(t + k) * xrb..(t + k + 1) * xrb]);
+            let ys: [&mut [f32]; N] =
+                std::array::from_fn(|k| self.output(out, t + k, rows.clone()));
+            if !kernel(xs, ys) {
+                break;
+            }
+            t += N;
+        }
+        t
+    }
+
     fn matmul(&self, weight: crate::graph::WeightId, x: ValueId, out: ValueId) {
         /// Weight rows per chunk: small enough to stay in L1/L2 while every token uses them.
         const ROWS_PER_CHUNK: usize = 16;
@@ -1447,37 +1474,28 @@ impl OpCtx<'_> {
         let mut start = mine.start;
         while start < mine.end {
             let end = (start + chunk).min(mine.end);
-            let mut t = 0;
             // Groups of 8 tokens where a kernel takes them (prefill), then of 4.
-            while t + cpu::MATVEC_TOKENS8 <= n_tok {
-                let xs: [&[u8]; cpu::MATVEC_TOKENS8] =
-                    std::array::from_fn(|k| &xq[(t + k) * xrb..(t + k + 1) * xrb]);
-                let ys: [&mut [f32]; cpu::MATVEC_TOKENS8] =
-                    std::array::from_fn(|k| self.output(out, t + k, start..end));
-                if !self
-                    .exec
-                    .kernels
-                    .matvec_tokens8(w.ty, w.row_len, bytes, xs, start..end, ys)
-                {
-                    break;
-                }
-                t += cpu::MATVEC_TOKENS8;
-            }
-            // Groups of tokens through the multi-token kernel where there is one (prefill).
-            while t + cpu::MATVEC_TOKENS <= n_tok {
-                let xs: [&[u8]; cpu::MATVEC_TOKENS] =
-                    std::array::from_fn(|k| &xq[(t + k) * xrb..(t + k + 1) * xrb]);
-                let ys: [&mut [f32]; cpu::MATVEC_TOKENS] =
-                    std::array::from_fn(|k| self.output(out, t + k, start..end));
-                if !self
-                    .exec
-                    .kernels
-                    .matvec_tokens(w.ty, w.row_len, bytes, xs, start..end, ys)
-                {
-                    break;
-                }
-                t += cpu::MATVEC_TOKENS;
-            }
+            let rows = start..end;
+            let k = &self.exec.kernels;
+            let (wt, n) = (w.ty, w.row_len);
+            let mut t = self.token_groups::<{ cpu::MATVEC_TOKENS8 }>(
+                out,
+                xq,
+                xrb,
+                0,
+                n_tok,
+                &rows,
+                |xs, ys| k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys),
+            );
+            t = self.token_groups::<{ cpu::MATVEC_TOKENS }>(
+                out,
+                xq,
+                xrb,
+                t,
+                n_tok,
+                &rows,
+                |xs, ys| k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys),
+            );
             for t in t..n_tok {
                 let y = self.output(out, t, start..end);
                 self.exec.kernels.matvec(
