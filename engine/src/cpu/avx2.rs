@@ -404,60 +404,48 @@ pub(super) fn dot_q8_0_q8_0(t: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     unsafe { dot_q8_0_q8_0_impl(w, x) }
 }
 
-/// [`dot_q4_1_q8_1`] of a weight row with 8 activation rows (bit-identical to 8 calls), where
-/// the CPU has an 8-token kernel (AVX-512 VNNI); `None` otherwise.
+/// [`dot_q4_1_q8_1`] of a weight row with 8 activation rows (bit-identical to 8 calls), with
+/// the AVX-512 VNNI kernel.
 ///
 /// # Panics
-/// If an activation row is shorter than the weight row.
-pub(super) fn dot_q4_1_q8_1_x8(
-    t: Token,
-    w: &[BlockQ4_1],
-    x: [&[BlockQ8_1]; 8],
-) -> Option<[f32; 8]> {
+/// If `t` is not an AVX-512 token or an activation row is shorter than the weight row.
+pub(super) fn dot_q4_1_q8_1_x8(t: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 8]) -> [f32; 8] {
+    assert!(t.avx512, "the 8-token kernel needs an AVX-512 token");
     assert!(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
     // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
-    t.avx512
-        .then(|| unsafe { super::avx512::dot_q4_1_q8_1_x8(w, x) })
+    unsafe { super::avx512::dot_q4_1_q8_1_x8(w, x) }
 }
 
-/// [`dot_q4_1_q8_1`] of two weight rows (bit-identical to two calls), where the CPU has a
-/// two-row kernel (AVX-512 VNNI); `None` otherwise.
+/// [`dot_q4_1_q8_1`] of two weight rows (bit-identical to two calls), with the AVX-512 VNNI
+/// kernel.
 ///
 /// # Panics
-/// If the rows differ in length or the activation is shorter.
-pub(super) fn dot_q4_1_q8_1_rows2(
-    t: Token,
-    w: [&[BlockQ4_1]; 2],
-    x: &[BlockQ8_1],
-) -> Option<[f32; 2]> {
+/// If `t` is not an AVX-512 token, the rows differ in length or the activation is shorter.
+pub(super) fn dot_q4_1_q8_1_rows2(t: Token, w: [&[BlockQ4_1]; 2], x: &[BlockQ8_1]) -> [f32; 2] {
+    assert!(t.avx512, "the two-row kernel needs an AVX-512 token");
     assert!(
         w[0].len() == w[1].len() && x.len() >= w[0].len(),
         "row lengths differ"
     );
     // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
-    t.avx512
-        .then(|| unsafe { super::avx512::dot_q4_1_q8_1_rows2(w, x) })
+    unsafe { super::avx512::dot_q4_1_q8_1_rows2(w, x) }
 }
 
 /// [`dot_q8_0_q8_0`] of two weight rows: see [`dot_q4_1_q8_1_rows2`].
 ///
 /// # Panics
-/// If the rows differ in length or the activation is shorter.
-pub(super) fn dot_q8_0_q8_0_rows2(
-    t: Token,
-    w: [&[BlockQ8_0]; 2],
-    x: &[BlockQ8_0],
-) -> Option<[f32; 2]> {
+/// If `t` is not an AVX-512 token, the rows differ in length or the activation is shorter.
+pub(super) fn dot_q8_0_q8_0_rows2(t: Token, w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0]) -> [f32; 2] {
+    assert!(t.avx512, "the two-row kernel needs an AVX-512 token");
     assert!(
         w[0].len() == w[1].len() && x.len() >= w[0].len(),
         "row lengths differ"
     );
     // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
-    t.avx512
-        .then(|| unsafe { super::avx512::dot_q8_0_q8_0_rows2(w, x) })
+    unsafe { super::avx512::dot_q8_0_q8_0_rows2(w, x) }
 }
 
 /// The one-row dots of a weight row with `N` activation rows at once (bit-identical to `N`

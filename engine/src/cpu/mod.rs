@@ -786,7 +786,7 @@ impl Kernels {
                 }
             }};
         }
-        // Two rows per call where the set has a two-row kernel (it streams its own weights).
+        // Two rows per call with the AVX-512 two-row kernels (they stream their own weights).
         #[cfg(target_arch = "x86_64")]
         macro_rules! rows2_with {
             ($t:expr, $dot2:path, $dot:path) => {{
@@ -795,13 +795,7 @@ impl Kernels {
                 let (w2, w1) = w.split_at(y2.len() * rb);
                 for (ys, ws) in y2.chunks_exact_mut(2).zip(w2.chunks_exact(2 * rb)) {
                     let pair = [blocks(&ws[..rb]), blocks(&ws[rb..])];
-                    match $dot2($t, pair, xb) {
-                        Some(r) => ys.copy_from_slice(&r),
-                        None => {
-                            ys[0] = $dot($t, pair[0], xb);
-                            ys[1] = $dot($t, pair[1], xb);
-                        }
-                    }
+                    ys.copy_from_slice(&$dot2($t, pair, xb));
                 }
                 for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
                     *yi = $dot($t, blocks(wr), xb);
@@ -1212,14 +1206,12 @@ impl Kernels {
             let mut y = y;
             if w_ty == GgmlType::Q4_0 {
                 let x = x_q.map(|x| blocks(&x[..xb]));
-                return q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y).is_some();
+                q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y);
+                return true;
             }
             let x = x_q.map(|x| blocks::<BlockQ8_1>(&x[..xb]));
             for (i, wr) in w_rows.chunks_exact(rb).enumerate() {
-                // (Never `None`: AVX-512 was checked above.)
-                let Some(r) = avx2::dot_q4_1_q8_1_x8(t, blocks(wr), x) else {
-                    return false;
-                };
+                let r = avx2::dot_q4_1_q8_1_x8(t, blocks(wr), x);
                 for (yt, rt) in y.iter_mut().zip(r) {
                     yt[i] = rt;
                 }

@@ -844,20 +844,17 @@ macro_rules! matvec_x4 {
 /// `y[t][i]` = row i of `w` (whole rows of `rb` bytes) with token t, for 8 tokens: groups of
 /// 16 rows with 8 tokens per call (AVX-512; each block's transpose shared by 8 tokens), the
 /// rest as two 4-token halves ([`matvec_x4_q4_0`]); bit-identical to the one-token kernels.
-/// `None` (nothing written) without AVX-512.
 ///
 /// # Panics
-/// If `rb` is 0, a `y[t]` has fewer slots than `w` rows, or an `x[t]` is shorter than a row.
+/// If `t` is not an AVX-512 token, `rb` is 0, a `y[t]` has fewer slots than `w` rows, or an
+/// `x[t]` is shorter than a row.
 pub(super) fn matvec_x8_q4_0(
     t: Token,
     w: &[u8],
     rb: usize,
     x: [&[BlockQ8_0]; 8],
     y: &mut [&mut [f32]; 8],
-) -> Option<()> {
-    if !t.avx512() {
-        return None;
-    }
+) {
     let n_rows = w.len() / rb;
     let i = rows16_groups::<BlockQ4_0, 8>(t, w, rb, x, y, rows16_xn_vnni::<8>);
     if i < n_rows {
@@ -872,7 +869,6 @@ pub(super) fn matvec_x8_q4_0(
             matvec_x4_q4_0(t, rest, rb, xh, &mut yh);
         }
     }
-    Some(())
 }
 
 matvec_x4!(
