@@ -153,6 +153,9 @@ pub enum Op {
         k: ValueId,
         v: ValueId,
         layer: usize,
+        /// Elements per KV head (rows are `n_head_kv` heads of this many): a decode step
+        /// stores each head on the thread whose attention reads it.
+        head_dim: usize,
     },
     /// Causal grouped-query attention of q over the cached keys/values of `layer`
     /// (positions 0..=pos0+t for row t), computed per (token, head) with one row of scores in

@@ -353,6 +353,7 @@ pub fn build_graph(model: &Model, lw: &DecoderWeights, ubatch: usize) -> Graph {
             k: k_rot,
             v,
             layer: l,
+            head_dim: p.head_dim,
         });
         let att = b.f32(format!("blk.{l}.attn"), t, q_dim);
         b.g.push(Op::Attention {

@@ -71,7 +71,7 @@ use crate::tensor::GgmlType;
 
 pub use bf16::{bf16_bits_to_f32, f32_to_bf16_bits};
 pub use encoder::{attend_all, gelu, gelu_tanh, layer_norm};
-pub use ops::{f32_to_f16_row, rms_norm};
+pub use ops::{f32_to_f16_row, rms_norm, rms_scale, scale_by_weight};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;

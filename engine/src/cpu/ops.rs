@@ -20,12 +20,22 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     if x.is_empty() {
         return;
     }
+    scale_by_weight(x, w, rms_scale(x, eps), out);
+}
+
+/// RMSNorm's `1 / sqrt(mean(x^2) + eps)`, summed in f64 in order as ggml does (0 for an empty
+/// row is never asked for).
+pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let mut sum = 0.0f64;
     for &v in x {
         sum += f64::from(v * v);
     }
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0f32 / (mean + eps).sqrt();
+    let mean = (sum / x.len().max(1) as f64) as f32;
+    1.0f32 / (mean + eps).sqrt()
+}
+
+/// `out[i] = (x[i] * scale) * w[i]`: the second half of [`rms_norm`], on any part of the row.
+pub fn scale_by_weight(x: &[f32], w: &[f32], scale: f32, out: &mut [f32]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = (v * scale) * g;
     }

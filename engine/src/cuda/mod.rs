@@ -685,7 +685,7 @@ impl CudaExecutor {
                         ],
                     )?
                 }
-                Op::StoreKv { k, v, layer } => match self.kv_type {
+                Op::StoreKv { k, v, layer, .. } => match self.kv_type {
                     KvType::F16 => self.launch(
                         &self.k.store_kv_f16,
                         (n as u32, 1),

@@ -2,7 +2,10 @@
 //! on a persistent thread pool, without allocating.
 //!
 //! Every thread walks the same op list; each op is split by rows (tokens), weight rows or
-//! heads, and the threads meet at a barrier after each op.
+//! heads, and the threads meet at a barrier after each op that a later one depends on. A
+//! single token's elementwise ops are split by columns instead, and its matmuls' weight rows
+//! and attention heads are claimed in chunks, so that a thread that finishes early takes work
+//! from the others (`steal.rs`).
 //!
 //! Memory safety rests on two facts, checked when the session is built:
 //! 1. the arena plan passed [`edge_arena::check_with_inplace`]: values live at the same time
@@ -10,11 +13,13 @@
 //!    dies at that op (`Graph::inplace_pairs`); an op's inputs and output are all live during
 //!    the op;
 //! 2. within an op, each thread creates mutable slices only of its own part of the output
-//!    (and of the KV cache rows of its own tokens), and nobody writes an op's inputs — an op
+//!    (rows, columns or chunks it was given or claimed; and of the KV cache rows of its own
+//!    tokens, or for one token its own columns), and nobody writes an op's inputs — an op
 //!    whose output shares an input's offset never makes a shared slice of that input: it reads
 //!    the element through the output slice, before writing it.
 
 pub mod memory;
+mod steal;
 
 use half::f16;
 
@@ -347,6 +352,39 @@ pub fn rope_row_factors(
     rope: Rope,
     factors: Option<&[f32]>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports FMA (checked), the only feature it enables.
+        return unsafe { rope_row_fma(src, dst, pos, head_dim, rope, factors) };
+    }
+    rope_row_body(src, dst, pos, head_dim, rope, factors)
+}
+
+/// [`rope_row_body`] compiled with hardware FMA: `mul_add` is one instruction instead of a call
+/// to libm's `fmaf` (the same exactly rounded result).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn rope_row_fma(
+    src: &[f32],
+    dst: &mut [f32],
+    pos: f32,
+    head_dim: usize,
+    rope: Rope,
+    factors: Option<&[f32]>,
+) {
+    rope_row_body(src, dst, pos, head_dim, rope, factors)
+}
+
+/// The rotation itself (inlined into the FMA and baseline builds).
+#[inline(always)]
+fn rope_row_body(
+    src: &[f32],
+    dst: &mut [f32],
+    pos: f32,
+    head_dim: usize,
+    rope: Rope,
+    factors: Option<&[f32]>,
+) {
     dst.copy_from_slice(src);
     let n_heads = src.len() / head_dim;
     let half = rope.n_rot / 2;
@@ -657,6 +695,34 @@ unsafe fn swiglu_row_inplace_fma(x: &mut [f32], up: &[f32]) {
     swiglu_row_inplace(x, up)
 }
 
+/// A thread's attention jobs (see [`OpCtx::attention_jobs`]): job `t * n_head + h` is token
+/// t's head h.
+enum AttentionJobs<'a> {
+    /// Heads claimed in chunks (one token).
+    Claimed {
+        claims: steal::Claimed<'a>,
+        heads: std::ops::Range<usize>,
+    },
+    /// Every `n_threads`-th job.
+    Strided(std::iter::StepBy<std::ops::Range<usize>>),
+}
+
+impl Iterator for AttentionJobs<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            AttentionJobs::Claimed { claims, heads } => loop {
+                if let Some(h) = heads.next() {
+                    return Some(h);
+                }
+                *heads = claims.next()?;
+            },
+            AttentionJobs::Strided(jobs) => jobs.next(),
+        }
+    }
+}
+
 /// The operands of an attention op.
 #[derive(Clone, Copy)]
 struct AttentionArgs {
@@ -702,6 +768,10 @@ fn soft_cap(score: f32, cap: Option<f32>) -> f32 {
 fn dump_enabled() -> bool {
     std::env::var_os("EDGE_RUN_DUMP").is_some_and(|v| !v.is_empty() && v != "0")
 }
+
+/// Columns per thread part of a decode step's elementwise f32 ops: a whole cache line, so that
+/// two threads never write the same line.
+const F32_GRANULE: usize = 16;
 
 /// A graph with its arena offsets.
 pub struct PlannedGraph {
@@ -819,6 +889,11 @@ pub struct Executor {
     scratch_per_thread: usize,
     /// `EDGE_RUN_DUMP` was set when the executor was built.
     dump: bool,
+    /// Decode matmuls' row chunks, claimed by the threads (see [`steal`]).
+    claims: steal::RowClaims,
+    /// The tag of the next run's first op: each op of each run tags its row claims with a
+    /// larger number than any before it.
+    next_tag: std::sync::atomic::AtomicUsize,
 }
 
 /// Inputs of one run.
@@ -857,6 +932,8 @@ impl Executor {
             scratch: SharedMem::new(scratch_per_thread * n_threads.max(1))?,
             scratch_per_thread,
             dump: dump_enabled(),
+            claims: steal::RowClaims::new(n_threads),
+            next_tag: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -887,8 +964,11 @@ impl Executor {
         assert!(args.pos0 + args.tokens.len() <= kv.ctx);
         let n = self.n_threads();
         let dump = self.dump;
+        let tag0 = self
+            .next_tag
+            .fetch_add(pg.graph.ops.len(), std::sync::atomic::Ordering::Relaxed);
         self.pool.run(&|tid| {
-            for (op, &sync) in pg.graph.ops.iter().zip(&pg.sync_after) {
+            for (i, (op, &sync)) in pg.graph.ops.iter().zip(&pg.sync_after).enumerate() {
                 let ctx = OpCtx {
                     exec: self,
                     model,
@@ -897,6 +977,7 @@ impl Executor {
                     args,
                     tid,
                     n_threads: n,
+                    tag: tag0.wrapping_add(i),
                 };
                 ctx.run(op);
                 if sync || dump {
@@ -959,6 +1040,8 @@ struct OpCtx<'a> {
     args: RunArgs<'a>,
     tid: usize,
     n_threads: usize,
+    /// Tags this op's row claims: consecutive ops have consecutive tags.
+    tag: usize,
 }
 
 impl OpCtx<'_> {
@@ -982,6 +1065,51 @@ impl OpCtx<'_> {
     /// My share of `0..n` with the given granule.
     fn share(&self, n: usize, granule: usize) -> std::ops::Range<usize> {
         split_range(n, self.tid, self.n_threads, granule)
+    }
+
+    /// This thread's part of an op over `rows` rows of `cols` independent columns: its share
+    /// of the rows and every column (prefill), or, with fewer rows than threads (decode), every
+    /// row and its share of the columns in whole `granule`s — one token's elementwise ops would
+    /// otherwise run on one thread while the others wait.
+    fn share_rows_or_cols(
+        &self,
+        rows: usize,
+        cols: usize,
+        granule: usize,
+    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        if rows >= self.n_threads {
+            (self.share(rows, 1), 0..cols)
+        } else {
+            (0..rows, self.share(cols, granule))
+        }
+    }
+
+    /// This thread's (token, head) jobs of attention. For one token: heads claimed one at a
+    /// time from a contiguous share (whole groups of heads that share a KV head where the KV
+    /// heads divide evenly among the threads, so that each thread mostly reads the KV heads it
+    /// stored: see `store_kv`), then heads taken from the back of the others' shares, so that
+    /// threads finish together. For several tokens: [`Self::share_causal`].
+    fn attention_jobs(&self, n_head: usize, group: usize) -> AttentionJobs<'_> {
+        if self.n_tokens() == 1 && self.n_threads > 1 {
+            let n_head_kv = n_head / group.max(1);
+            let granule = if n_head_kv.is_multiple_of(self.n_threads) {
+                group
+            } else {
+                1
+            };
+            let plan = steal::ChunkPlan {
+                n_rows: n_head,
+                n_threads: self.n_threads,
+                granule,
+                chunk: 1,
+            };
+            AttentionJobs::Claimed {
+                claims: self.exec.claims.claimed(plan, self.tag, self.tid),
+                heads: 0..0,
+            }
+        } else {
+            AttentionJobs::Strided(self.share_causal(self.n_tokens() * n_head))
+        }
     }
 
     /// This thread's (token, head) jobs of causal attention, dealt round-robin: a job's cost
@@ -1065,7 +1193,12 @@ impl OpCtx<'_> {
                 freq_factors,
                 out,
             } => self.rope(x, head_dim, rope, freq_factors, out),
-            Op::StoreKv { k, v, layer } => self.store_kv(k, v, layer),
+            Op::StoreKv {
+                k,
+                v,
+                layer,
+                head_dim,
+            } => self.store_kv(k, v, layer, head_dim),
             Op::Attention {
                 q,
                 layer,
@@ -1106,16 +1239,20 @@ impl OpCtx<'_> {
                 } else {
                     None
                 };
-                for t in self.share(self.rows_of(out), 1) {
-                    let o = self.output(out, t, 0..cols);
+                let (rows, part) = self.share_rows_or_cols(self.rows_of(out), cols, F32_GRANULE);
+                for t in rows {
+                    let o = self.output(out, t, part.clone());
                     match other {
                         Some(y) => {
-                            for (o, y) in o.iter_mut().zip(self.input(y, t..t + 1)) {
+                            for (o, y) in o.iter_mut().zip(&self.input(y, t..t + 1)[part.clone()]) {
                                 *o += y;
                             }
                         }
                         None => {
-                            let (a, b) = (self.input(a, t..t + 1), self.input(b, t..t + 1));
+                            let (a, b) = (
+                                &self.input(a, t..t + 1)[part.clone()],
+                                &self.input(b, t..t + 1)[part.clone()],
+                            );
                             for ((o, x), y) in o.iter_mut().zip(a).zip(b) {
                                 *o = x + y;
                             }
@@ -1126,9 +1263,10 @@ impl OpCtx<'_> {
             Op::SwiGlu { gate, up, out } => {
                 let cols = self.cols(out);
                 let in_place = self.aliases(out, gate);
-                for t in self.share(self.rows_of(out), 1) {
-                    let u = self.input(up, t..t + 1);
-                    let o = self.output(out, t, 0..cols);
+                let (rows, part) = self.share_rows_or_cols(self.rows_of(out), cols, F32_GRANULE);
+                for t in rows {
+                    let u = &self.input(up, t..t + 1)[part.clone()];
+                    let o = self.output(out, t, part.clone());
                     #[cfg(target_arch = "x86_64")]
                     if std::arch::is_x86_feature_detected!("fma") {
                         // SAFETY: the CPU supports FMA (checked), the only feature it enables.
@@ -1136,7 +1274,7 @@ impl OpCtx<'_> {
                             if in_place {
                                 swiglu_row_inplace_fma(o, u)
                             } else {
-                                swiglu_row_fma(self.input(gate, t..t + 1), u, o)
+                                swiglu_row_fma(&self.input(gate, t..t + 1)[part.clone()], u, o)
                             }
                         };
                         continue;
@@ -1144,7 +1282,7 @@ impl OpCtx<'_> {
                     if in_place {
                         swiglu_row_inplace(o, u);
                     } else {
-                        swiglu_row(self.input(gate, t..t + 1), u, o);
+                        swiglu_row(&self.input(gate, t..t + 1)[part.clone()], u, o);
                     }
                 }
             }
@@ -1403,12 +1541,16 @@ impl OpCtx<'_> {
     fn rms_norm(&self, x: ValueId, weight: crate::graph::WeightId, eps: f32, out: ValueId) {
         let w = self.model.weight_f32(weight);
         let cols = self.cols(out);
-        for t in self.share(self.rows_of(out), 1) {
-            cpu::rms_norm(
-                self.input(x, t..t + 1),
-                w,
-                eps,
-                self.output(out, t, 0..cols),
+        let (rows, part) = self.share_rows_or_cols(self.rows_of(out), cols, F32_GRANULE);
+        for t in rows {
+            let x = self.input(x, t..t + 1);
+            // Every thread sharing the row computes the same scale (the sum is serial).
+            let scale = cpu::rms_scale(x, eps);
+            cpu::scale_by_weight(
+                &x[part.clone()],
+                &w[part.clone()],
+                scale,
+                self.output(out, t, part.clone()),
             );
         }
     }
@@ -1418,13 +1560,20 @@ impl OpCtx<'_> {
             crate::graph::ValueType::Quantized(t) => t,
             crate::graph::ValueType::F32 => crate::tensor::GgmlType::F32,
         };
-        for t in self.share(self.rows_of(out), 1) {
+        let (bs, bb) = (ty.block_size(), ty.block_bytes());
+        let cols = self.cols(x);
+        let (rows, part) = self.share_rows_or_cols(self.rows_of(out), cols, bs);
+        if part.is_empty() {
+            return;
+        }
+        for t in rows {
+            let dst =
+                &mut self.output_bytes(out, t)[part.start / bs * bb..part.end.div_ceil(bs) * bb];
             // Lengths come from the graph, built with whole blocks; an error would be a bug.
-            let _ = self.exec.kernels.quantize_row(
-                ty,
-                self.input(x, t..t + 1),
-                self.output_bytes(out, t),
-            );
+            let _ = self
+                .exec
+                .kernels
+                .quantize_row(ty, &self.input(x, t..t + 1)[part.clone()], dst);
         }
     }
 
@@ -1458,12 +1607,28 @@ impl OpCtx<'_> {
     fn matmul(&self, weight: crate::graph::WeightId, x: ValueId, out: ValueId) {
         /// Weight rows per chunk: small enough to stay in L1/L2 while every token uses them.
         const ROWS_PER_CHUNK: usize = 16;
+        /// Chunks per thread's share of a decode matmul: enough that the last one is short
+        /// next to the whole, few enough that each thread streams long runs of rows.
+        const DECODE_CHUNKS: usize = 8;
         let w = self.model.weight(weight);
         let bytes = self.model.weight_bytes(weight);
         let n_tok = self.rows_of(out);
         let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
         let xq = self.input_bytes(x, 0..n_tok);
         let xrb = self.pg.graph.values[x.0].row_bytes();
+        if n_tok == 1 && self.n_threads > 1 {
+            // Decode streams the weights once and is memory-bound: a few long chunks per
+            // share keep each thread's reads sequential, and stealing evens out the finish.
+            let plan =
+                steal::ChunkPlan::new(w.n_rows, self.n_threads, ROWS_PER_CHUNK, DECODE_CHUNKS);
+            for rows in self.exec.claims.claimed(plan, self.tag, self.tid) {
+                let y = self.output(out, 0, rows.clone());
+                self.exec
+                    .kernels
+                    .matvec(w.ty, w.row_len, bytes, &xq[..xrb], rows, y);
+            }
+            return;
+        }
         // One token (decode) streams the weights once: one call over the thread's whole share,
         // so that the kernels' prefetching runs ahead across it without a break every chunk.
         let chunk = if n_tok == 1 {
@@ -1521,11 +1686,16 @@ impl OpCtx<'_> {
     ) {
         let cols = self.cols(out);
         let factors = freq_factors.map(|w| self.model.weight_f32(w));
-        for t in self.share(self.rows_of(out), 1) {
-            let src = self.input(x, t..t + 1);
+        // Heads rotate independently: one token's heads are shared out whole.
+        let (rows, part) = self.share_rows_or_cols(self.rows_of(out), cols, head_dim);
+        if part.is_empty() {
+            return;
+        }
+        for t in rows {
+            let src = &self.input(x, t..t + 1)[part.clone()];
             rope_row_factors(
                 src,
-                self.output(out, t, 0..cols),
+                self.output(out, t, part.clone()),
                 (self.args.pos0 + t) as f32,
                 head_dim,
                 rope,
@@ -1534,24 +1704,42 @@ impl OpCtx<'_> {
         }
     }
 
-    fn store_kv(&self, k: ValueId, v: ValueId, layer: usize) {
+    fn store_kv(&self, k: ValueId, v: ValueId, layer: usize, head_dim: usize) {
         let kv_dim = self.kv.kv_dim;
-        for t in self.share(self.n_tokens(), 1) {
+        // One token's heads go to the threads whose attention reads them (see
+        // `attention_jobs`), so each thread's KV rows stay in its own caches; q8_0 heads must
+        // be whole blocks to be split.
+        let granule = match self.kv.ty {
+            KvType::Q8_0 if !head_dim.is_multiple_of(32) => kv_dim,
+            _ => head_dim.max(1),
+        };
+        let (tokens, part) = self.share_rows_or_cols(self.n_tokens(), kv_dim, granule);
+        if part.is_empty() {
+            return;
+        }
+        for t in tokens {
             let pos = self.args.pos0 + t;
             for (is_v, src) in [(false, k), (true, v)] {
-                let src = self.input(src, t..t + 1);
+                let src = &self.input(src, t..t + 1)[part.clone()];
                 let offset = self.kv.row_offset(layer, is_v, pos);
                 match self.kv.ty {
                     KvType::F16 => {
-                        // SAFETY: row `pos` of this layer is written only by the thread that
-                        // owns token t, and no attention op reads the cache during this op.
-                        let dst = unsafe { self.kv.mem.slice_mut::<f16>(offset, kv_dim) };
+                        // SAFETY: this part of row `pos` is written only by the thread that owns
+                        // it (token t, these columns), and no attention op reads the cache
+                        // during this op.
+                        let dst = unsafe {
+                            self.kv
+                                .mem
+                                .slice_mut::<f16>(offset + part.start * 2, part.len())
+                        };
                         cpu::f32_to_f16_row(src, dst);
                     }
                     KvType::Q8_0 => {
+                        // Rows are whole blocks (checked when the session is planned), and so
+                        // is `part` (the granule above).
+                        let (b0, b1) = (part.start / 32 * 34, part.end.div_ceil(32) * 34);
                         // SAFETY: as above.
-                        let dst = unsafe { self.kv.mem.slice_mut::<u8>(offset, self.kv.row_bytes) };
-                        // Rows are whole blocks (checked when the session is planned).
+                        let dst = unsafe { self.kv.mem.slice_mut::<u8>(offset + b0, b1 - b0) };
                         let _ =
                             self.exec
                                 .kernels
@@ -1593,7 +1781,7 @@ impl OpCtx<'_> {
         let quantized = self.kv.ty == KvType::Q8_0;
         let mut q8 = [0u8; MAX_Q8_HEAD_DIM / 32 * 34];
         let q8 = &mut q8[..if quantized { head_bytes } else { 0 }];
-        for job in self.share_causal(self.n_tokens() * n_head) {
+        for job in self.attention_jobs(n_head, group) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
             let n_pos = self.args.pos0 + t + 1;
@@ -1711,7 +1899,7 @@ impl OpCtx<'_> {
         let (scores, rest) = scratch.split_at_mut(ctx);
         let (qh, rest) = rest.split_at_mut(head_dim);
         let accs = &mut rest[..head_dim * width];
-        for job in self.share_causal(n_tok * n_head) {
+        for job in self.attention_jobs(n_head, group) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
             let n_pos = self.args.pos0 + t + 1;
@@ -1862,6 +2050,7 @@ mod sync_tests {
             k: v[0],
             v: v[1],
             layer: 0,
+            head_dim: 4,
         });
         g.push(Op::Attention {
             q: v[2],
