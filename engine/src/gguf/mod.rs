@@ -15,11 +15,13 @@
 //! `general.alignment` (default [`DEFAULT_ALIGNMENT`]). Tensor offsets are relative to the data
 //! section and must be multiples of the alignment.
 
+pub mod huge_pages;
 mod writer;
 
 #[cfg(test)]
 mod tests;
 
+pub use huge_pages::HugePages;
 pub use writer::GgufWriter;
 
 use std::collections::{HashMap, HashSet};
@@ -490,14 +492,15 @@ pub struct TensorInfo {
 
 /// The bytes behind a [`Gguf`]: a read-only file mapping or an owned buffer.
 enum Storage {
-    Mmap(memmap2::Mmap),
+    /// The mapping, and the file (for page-cache advice: see [`Gguf::settle_huge_pages`]).
+    Mmap(memmap2::Mmap, std::fs::File),
     Owned(Vec<u8>),
 }
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
-            Storage::Mmap(m) => m,
+            Storage::Mmap(m, _) => m,
             Storage::Owned(v) => v,
         }
     }
@@ -507,6 +510,8 @@ impl Storage {
 /// tensor data is served zero-copy by [`Gguf::tensor_data`].
 pub struct Gguf {
     storage: Storage,
+    /// What [`Gguf::settle_huge_pages`] did, once.
+    huge_pages: std::sync::OnceLock<HugePages>,
     version: u32,
     alignment: u64,
     data_offset: u64,
@@ -557,7 +562,7 @@ impl Gguf {
             // the documented contract of `memmap2::Mmap::map`). All content is validated as
             // untrusted bytes, so any *content* is safe.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-            Storage::Mmap(map)
+            Storage::Mmap(map, file)
         };
         Gguf::parse(storage)
     }
@@ -583,6 +588,7 @@ impl Gguf {
             .collect();
         Ok(Gguf {
             storage,
+            huge_pages: std::sync::OnceLock::new(),
             version: header.version,
             alignment: header.alignment,
             data_offset: header.data_offset,
@@ -718,9 +724,23 @@ impl Gguf {
     /// CUDA backend registers this range for zero-copy device access on integrated GPUs.
     pub fn mapped_bytes(&self) -> Option<&[u8]> {
         match &self.storage {
-            Storage::Mmap(m) => Some(m),
+            Storage::Mmap(m, _) => Some(m),
             Storage::Owned(_) => None,
         }
+    }
+
+    /// Has the kernel hold the mapped file in 2 MiB pages where it can, re-reading it once if
+    /// it sits in small ones (see [`huge_pages`]): decoding, which streams every weight each
+    /// token, reads huge pages faster. Done once per file opened; later calls return the first
+    /// outcome. The mapping stays the file's, read-only, with the same bytes.
+    pub fn settle_huge_pages(&self) -> HugePages {
+        *self.huge_pages.get_or_init(|| match &self.storage {
+            Storage::Mmap(m, file) => huge_pages::settle(m, file).unwrap_or_else(|e| {
+                log::debug!("huge pages for the weights: {e}");
+                HugePages::NotAttempted
+            }),
+            Storage::Owned(_) => HugePages::NotAttempted,
+        })
     }
 
     /// Drops this process's resident pages of the file mapping (`madvise(MADV_DONTNEED)`), for a
@@ -729,7 +749,7 @@ impl Gguf {
     /// no-op for an owned buffer and off Unix.
     pub fn release_resident_pages(&self) -> std::io::Result<()> {
         #[cfg(unix)]
-        if let Storage::Mmap(m) = &self.storage {
+        if let Storage::Mmap(m, _) = &self.storage {
             // SAFETY: the mapping is a shared, read-only map of a file (`Mmap::map`). For such a
             // map MADV_DONTNEED only unmaps the pages from this process; their contents are the
             // file's, so every later read (through any live slice) sees the same bytes again.
