@@ -1102,6 +1102,7 @@ impl OpCtx<'_> {
                 n_threads: self.n_threads,
                 granule,
                 chunk: 1,
+                shrink: 0,
             };
             AttentionJobs::Claimed {
                 claims: self.exec.claims.claimed(plan, self.tag, self.tid),
@@ -1607,9 +1608,12 @@ impl OpCtx<'_> {
     fn matmul(&self, weight: crate::graph::WeightId, x: ValueId, out: ValueId) {
         /// Weight rows per chunk: small enough to stay in L1/L2 while every token uses them.
         const ROWS_PER_CHUNK: usize = 16;
-        /// Chunks per thread's share of a decode matmul: enough that the last one is short
-        /// next to the whole, few enough that each thread streams long runs of rows.
-        const DECODE_CHUNKS: usize = 8;
+        /// A decode matmul's chunks are this fraction of what is left of a share: long runs
+        /// of rows first (each thread streams its weights), short ones last (threads finish
+        /// together).
+        const DECODE_SHRINK: usize = 4;
+        /// ... but not below this many bytes of weights, where a call's own cost would show.
+        const DECODE_MIN_CHUNK_BYTES: usize = 32 << 10;
         let w = self.model.weight(weight);
         let bytes = self.model.weight_bytes(weight);
         let n_tok = self.rows_of(out);
@@ -1619,8 +1623,16 @@ impl OpCtx<'_> {
         if n_tok == 1 && self.n_threads > 1 {
             // Decode streams the weights once and is memory-bound: a few long chunks per
             // share keep each thread's reads sequential, and stealing evens out the finish.
-            let plan =
-                steal::ChunkPlan::new(w.n_rows, self.n_threads, ROWS_PER_CHUNK, DECODE_CHUNKS);
+            let min_rows = DECODE_MIN_CHUNK_BYTES
+                .div_ceil(bytes.len() / w.n_rows.max(1))
+                .max(1);
+            let plan = steal::ChunkPlan::guided(
+                w.n_rows,
+                self.n_threads,
+                ROWS_PER_CHUNK,
+                DECODE_SHRINK,
+                min_rows,
+            );
             for rows in self.exec.claims.claimed(plan, self.tag, self.tid) {
                 let y = self.output(out, 0, rows.clone());
                 self.exec

@@ -51,7 +51,7 @@ fn unpack(w: u64) -> (u64, u64, u64) {
 }
 
 /// How one op's rows are cut: each thread's share (as `split_range` with `granule`) in chunks
-/// of `chunk` rows.
+/// of `chunk` rows, or, with `shrink` > 0, in chunks that shrink as the share is used up.
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkPlan {
     /// Rows (or other units of work) of the op.
@@ -60,26 +60,38 @@ pub struct ChunkPlan {
     pub n_threads: usize,
     /// Rows per share unit (shares start on multiples of it).
     pub granule: usize,
-    /// Rows per chunk (chunks start at the share's start; the last one may be shorter).
+    /// Rows per chunk (chunks start at the share's start; the last one may be shorter); with
+    /// `shrink`, the smallest chunk.
     pub chunk: usize,
+    /// 0 for chunks of `chunk` rows; else each chunk is `1 / shrink` of what remains of the
+    /// share (at least `chunk` rows, a whole number of `granule`s): the owner starts with long
+    /// runs, and the last chunks, the ones taken from the back by the others, are short, so
+    /// the threads finish close together.
+    pub shrink: usize,
 }
 
 impl ChunkPlan {
-    /// A plan with about `per_share` chunks per share, each a whole number of `granule`s.
-    pub fn new(n_rows: usize, n_threads: usize, granule: usize, per_share: usize) -> ChunkPlan {
+    /// Chunks of `1 / shrink` of the rest of the share, at least `min_rows` rows each (rounded
+    /// up to whole `granule`s).
+    pub fn guided(
+        n_rows: usize,
+        n_threads: usize,
+        granule: usize,
+        shrink: usize,
+        min_rows: usize,
+    ) -> ChunkPlan {
         let granule = granule.max(1);
-        let n_threads = n_threads.max(1);
-        let share = n_rows.div_ceil(n_threads);
-        let chunk = share
-            .div_ceil(per_share.max(1))
-            .next_multiple_of(granule)
-            .max(share.div_ceil(MAX_CHUNKS).next_multiple_of(granule))
-            .max(granule);
+        let share = n_rows.div_ceil(n_threads.max(1));
         ChunkPlan {
             n_rows,
-            n_threads,
+            n_threads: n_threads.max(1),
             granule,
-            chunk,
+            // Never more than MAX_CHUNKS chunks (about shrink * ln(share) of them otherwise).
+            chunk: share
+                .div_ceil(MAX_CHUNKS / 2)
+                .max(min_rows)
+                .next_multiple_of(granule),
+            shrink: shrink.max(1),
         }
     }
 
@@ -87,15 +99,35 @@ impl ChunkPlan {
         split_range(self.n_rows, owner, self.n_threads, self.granule)
     }
 
+    /// The chunks of `owner`'s share, front to back.
+    fn chunks(&self, owner: usize) -> impl Iterator<Item = Range<usize>> + '_ {
+        let share = self.share(owner);
+        let mut at = share.start;
+        std::iter::from_fn(move || {
+            if at >= share.end {
+                return None;
+            }
+            let rest = share.end - at;
+            let len = if self.shrink == 0 {
+                self.chunk.max(1)
+            } else {
+                rest.div_ceil(self.shrink)
+                    .next_multiple_of(self.granule)
+                    .max(self.chunk)
+            }
+            .min(rest);
+            at += len;
+            Some(at - len..at)
+        })
+    }
+
     fn n_chunks(&self, owner: usize) -> u64 {
-        self.share(owner).len().div_ceil(self.chunk) as u64
+        self.chunks(owner).count() as u64
     }
 
     /// Rows of chunk `k` of `owner`'s share.
     fn rows(&self, owner: usize, k: u64) -> Range<usize> {
-        let s = self.share(owner);
-        let start = s.start + k as usize * self.chunk;
-        start..(start + self.chunk).min(s.end)
+        self.chunks(owner).nth(k as usize).unwrap_or(0..0)
     }
 }
 
@@ -203,7 +235,7 @@ mod tests {
     fn run(n_rows: usize, n_threads: usize, ops: usize, per_share: usize) {
         let claims = RowClaims::new(n_threads);
         let hits: Vec<AtomicUsize> = (0..n_rows).map(|_| AtomicUsize::new(0)).collect();
-        let plan = ChunkPlan::new(n_rows, n_threads, 16, per_share);
+        let plan = ChunkPlan::guided(n_rows, n_threads, 16, per_share, 1);
         std::thread::scope(|s| {
             for tid in 0..n_threads {
                 let (claims, hits) = (&claims, &hits);
@@ -241,7 +273,7 @@ mod tests {
     #[test]
     fn tags_wrap_around() {
         let claims = RowClaims::before_tag(2, TAG_MASK - 1);
-        let plan = ChunkPlan::new(64, 2, 16, 2);
+        let plan = ChunkPlan::guided(64, 2, 16, 2, 1);
         let mut seen = Vec::new();
         for tag in [TAG_MASK as usize - 1, TAG_MASK as usize, 0, 1] {
             let rows: usize = (0..2)
@@ -257,7 +289,7 @@ mod tests {
     fn the_first_op_claims_everything() {
         // Tag 0 right after `new`: the words must read as left by an earlier op.
         let claims = RowClaims::new(2);
-        let plan = ChunkPlan::new(64, 2, 16, 2);
+        let plan = ChunkPlan::guided(64, 2, 16, 2, 1);
         let rows: usize = (0..2)
             .flat_map(|tid| claims.claimed(plan, 0, tid))
             .map(|r| r.len())
@@ -266,12 +298,43 @@ mod tests {
     }
 
     #[test]
-    fn chunks_are_whole_granules() {
-        let plan = ChunkPlan::new(5632, 2, 16, 16);
-        assert_eq!(plan.chunk % 16, 0);
-        assert_eq!(plan.chunk, 176);
-        assert_eq!(plan.n_chunks(0), 16);
-        let plan = ChunkPlan::new(20, 2, 16, 16);
-        assert_eq!(plan.chunk, 16);
+    fn guided_chunks_shrink_and_tile_each_share() {
+        for (n_rows, n_threads, granule, shrink, min_rows) in [
+            (5632, 2, 16, 4, 1),
+            (2048, 3, 16, 4, 40),
+            (49152, 2, 16, 8, 1),
+            (20, 2, 16, 4, 1),
+            (9, 2, 1, 3, 1),
+            (576, 2, 16, 4, 91),
+        ] {
+            let plan = ChunkPlan::guided(n_rows, n_threads, granule, shrink, min_rows);
+            for owner in 0..n_threads {
+                let share = plan.share(owner);
+                let chunks: Vec<_> = plan.chunks(owner).collect();
+                assert_eq!(chunks.len() as u64, plan.n_chunks(owner));
+                let mut at = share.start;
+                for (k, c) in chunks.iter().enumerate() {
+                    assert_eq!(
+                        c.start, at,
+                        "{n_rows} rows: chunk {k} starts where the last ended"
+                    );
+                    assert!(!c.is_empty());
+                    assert!(c.end == share.end || c.len() % granule == 0);
+                    assert!(c.end == share.end || c.len() >= min_rows);
+                    if k > 0 {
+                        assert!(c.len() <= chunks[k - 1].len(), "chunks shrink");
+                    }
+                    assert_eq!(plan.rows(owner, k as u64), *c);
+                    at = c.end;
+                }
+                assert_eq!(at, share.end);
+            }
+        }
+        // 2816 rows per share, a quarter at a time: 704, then 528, ... down to 16.
+        let plan = ChunkPlan::guided(5632, 2, 16, 4, 1);
+        assert_eq!(plan.rows(0, 0), 0..704);
+        assert_eq!(plan.rows(1, 0), 2816..3520);
+        assert_eq!(plan.rows(0, 1), 704..1232);
+        assert_eq!(plan.chunks(0).last().map(|c| c.len()), Some(16));
     }
 }
