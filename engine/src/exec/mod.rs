@@ -1614,13 +1614,18 @@ impl OpCtx<'_> {
         const DECODE_SHRINK: usize = 4;
         /// ... but not below this many bytes of weights, where a call's own cost would show.
         const DECODE_MIN_CHUNK_BYTES: usize = 32 << 10;
+        /// Below this many bytes of weights per thread, a decode matmul takes a few microseconds
+        /// and claiming costs more than it evens out (SmolLM2's matrices: 3% slower decode):
+        /// each thread then computes its share in one call.
+        const STEAL_MIN_SHARE_BYTES: usize = 1 << 20;
         let w = self.model.weight(weight);
         let bytes = self.model.weight_bytes(weight);
         let n_tok = self.rows_of(out);
         let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
         let xq = self.input_bytes(x, 0..n_tok);
         let xrb = self.pg.graph.values[x.0].row_bytes();
-        if n_tok == 1 && self.n_threads > 1 {
+        if n_tok == 1 && self.n_threads > 1 && bytes.len() / self.n_threads >= STEAL_MIN_SHARE_BYTES
+        {
             // Decode streams the weights once and is memory-bound: a few long chunks per
             // share keep each thread's reads sequential, and stealing evens out the finish.
             let min_rows = DECODE_MIN_CHUNK_BYTES
