@@ -558,6 +558,13 @@ unsafe fn q6k_offset(bx: &BlockQ8_K, neg_sc32: __m256i) -> __m256i {
 unsafe fn dot_q6_k_q8_k_impl(w: &[BlockQ6_K], x: &[BlockQ8_K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bw, bx) in w.iter().zip(x) {
+        // Decode streams the weights once: the lines of the block 16 blocks ahead (about 3.3
+        // KiB), spread over the loop, as the AVX-512 kernel does.
+        let ahead = (bw as *const BlockQ6_K).cast::<u8>().wrapping_add(16 * 210);
+        for line in 0..4 {
+            // A prefetch never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+        }
         let d = bx.d() * f16_le(bw.d);
         let (scales, neg_sc32) = q6k_scales(bw);
         let mut lanes = q6k_offset(bx, neg_sc32);

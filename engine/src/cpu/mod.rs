@@ -741,10 +741,11 @@ impl Kernels {
         // The AVX2 Q4_0/Q4_1/Q8_0 kernels of avx2.rs prefetch inside their loops.
         #[cfg(target_arch = "x86_64")]
         let streams_itself = match self.isa {
-            Isa::Avx2(t) => {
+            Isa::Avx2(_) => {
                 matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q8_0)
                     || (w_ty == GgmlType::Q4_0 && !repacked)
-                    || (w_ty == GgmlType::Q6_K && t.avx512())
+                    || w_ty == GgmlType::Q6_K
+                    || (w_ty == GgmlType::Q4_K && repacked)
             }
             _ => false,
         };
