@@ -296,12 +296,22 @@ pub(super) mod avx2 {
     }
 
     /// Q4_K: per 64 elements, `maddubs` of the low / high nibbles (pair sums at most
-    /// 2 * 15 * 128) with the activations, `madd` with the sub-block's scale.
+    /// 2 * 15 * 128) with the activations, `madd` with the sub-block's scale. The scales and mins
+    /// are unpacked for all 8 sub-blocks at once (ggml's `utmp` masks), the min term is one
+    /// `madd` of the activation's `bsums` with the mins in pairs, and the block's integer sum and
+    /// min term are reduced together; the two float accumulators advance as one 2-lane `fma`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_k_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
         let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = 0.0f32;
-        let mut acc_min = 0.0f32;
+        // `pshufb` controls that copy word k of each 128-bit lane into all of its 8 words.
+        let sel: [__m256i; 8] = std::array::from_fn(|k| {
+            let (lo, hi) = (2 * k as i8, 2 * k as i8 + 1);
+            _mm256_setr_epi8(
+                lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo,
+                hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+            )
+        });
+        let mut acc = _mm_setzero_ps();
         for (bw, bx) in w.iter().zip(x) {
             // Decode streams the matrix through here one row after another (the AVX2 set has
             // no group kernel for Q4_K): the lines of the block 24 ahead, spread over the loop.
@@ -310,29 +320,62 @@ pub(super) mod avx2 {
                 // A prefetch never faults, whatever the address.
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
             }
+            // The 6-bit scales and mins of the 8 sub-blocks, as `scale_min_k4` gives them.
+            let u = |k: usize| {
+                u32::from_le_bytes([
+                    bw.scales[4 * k],
+                    bw.scales[4 * k + 1],
+                    bw.scales[4 * k + 2],
+                    bw.scales[4 * k + 3],
+                ])
+            };
+            let (u0, u1, u2) = (u(0), u(1), u(2));
+            let sc_lo = u0 & 0x3f3f_3f3f;
+            let sc_hi = (u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4);
+            let m_lo = u1 & 0x3f3f_3f3f;
+            let m_hi = ((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4);
+            let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+                ((u64::from(sc_hi) << 32) | u64::from(sc_lo)) as i64,
+            )));
+            let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+                ((u64::from(m_hi) << 32) | u64::from(m_lo)) as i64,
+            ));
             let mut lanes = _mm256_setzero_si256();
-            let mut mins = 0i32;
             for c in 0..4 {
-                let (sc1, m1) = scale_min_k4(2 * c, &bw.scales);
-                let (sc2, m2) = scale_min_k4(2 * c + 1, &bw.scales);
-                mins += i32::from(m1) * (bx.bsum(4 * c) + bx.bsum(4 * c + 1))
-                    + i32::from(m2) * (bx.bsum(4 * c + 2) + bx.bsum(4 * c + 3));
-                let q = load32(&bw.qs[32 * c..]);
-                let lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), load32(&bx.qs[64 * c..]));
-                let hi = _mm256_maddubs_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                    load32(&bx.qs[64 * c + 32..]),
-                );
-                let lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(i16::from(sc1)));
-                let hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(i16::from(sc2)));
+                // SAFETY: c < 4: `qs[32c..32c + 32]` of the weights and `qs[64c..64c + 64]` of
+                // the activation are inside their blocks; unaligned loads.
+                let (q, y_lo, y_hi) = unsafe {
+                    (
+                        _mm256_loadu_si256(bw.qs.as_ptr().add(32 * c).cast()),
+                        _mm256_loadu_si256(bx.qs.as_ptr().add(64 * c).cast()),
+                        _mm256_loadu_si256(bx.qs.as_ptr().add(64 * c + 32).cast()),
+                    )
+                };
+                let lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), y_lo);
+                let hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), y_hi);
+                let lo = _mm256_madd_epi16(lo, _mm256_shuffle_epi8(sc16, sel[2 * c]));
+                let hi = _mm256_madd_epi16(hi, _mm256_shuffle_epi8(sc16, sel[2 * c + 1]));
                 lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(lo, hi));
             }
-            let isum = hsum_i32(lanes);
-            let dx = bx.d();
-            acc = (isum as f32).mul_add(f16_le(bw.d) * dx, acc);
-            acc_min = (mins as f32).mul_add(f16_le(bw.dmin) * dx, acc_min);
+            // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); unaligned load.
+            let bsums = unsafe { _mm256_loadu_si256(bx.bsums.as_ptr().cast()) };
+            let m_pairs =
+                _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+            let mins = _mm256_madd_epi16(bsums, m_pairs);
+            let h = _mm256_hadd_epi32(lanes, mins);
+            let h = _mm256_hadd_epi32(h, h);
+            // [isum, mins, isum, mins]: exact integer sums, as the portable order's.
+            let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                bw.d[0], bw.d[1], bw.dmin[0], bw.dmin[1],
+            ])));
+            let scale = _mm_mul_ps(dm, _mm_set1_ps(bx.d()));
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
         }
-        acc - acc_min
+        let mut out = [0.0f32; 4];
+        // SAFETY: 4 writable f32; storeu has no alignment requirement.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+        out[0] - out[1]
     }
 
     /// The 8 lanes of `p[r]` summed per register: lane r of the result is the sum of `p[r]`
