@@ -476,9 +476,90 @@ pub(super) fn matvec_q4_k<const N: usize>(
     }
 }
 
-/// Blocks ahead of the one being computed that [`dot_q4_k_q8_k_row`] prefetches (about 3.4
-/// KiB: decode streams the weights once, and the lines must be on their way early enough).
+/// Blocks ahead of the one being computed that the one-row kernels ([`dot_q4_k_q8_k_row`],
+/// `repack`'s AVX2 one) prefetch (about 3.4 KiB: decode streams the weights once, and the lines
+/// must be on their way early enough).
 const ROW_PREFETCH_BLOCKS: usize = 24;
+
+/// Prefetches the lines of the block [`ROW_PREFETCH_BLOCKS`] after `bw` (past the row: the next
+/// rows of a matrix follow), for a kernel that reads its row front to back.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch_row_ahead(bw: &BlockQ4_K) {
+    let ahead = (bw as *const BlockQ4_K)
+        .cast::<u8>()
+        .wrapping_add(ROW_PREFETCH_BLOCKS * 144);
+    for line in 0..3 {
+        // A prefetch reads nothing architecturally and never faults, whatever the address.
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+    }
+}
+
+/// The 6-bit scales and mins of the 8 sub-blocks of `bw` as two vectors of 8 words, what
+/// `scale_min_k4` gives sub-block by sub-block (ggml's `utmp` masks, all at once).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn scales_mins_words(bw: &BlockQ4_K) -> (__m128i, __m128i) {
+    let u = |k: usize| {
+        u32::from_le_bytes([
+            bw.scales[4 * k],
+            bw.scales[4 * k + 1],
+            bw.scales[4 * k + 2],
+            bw.scales[4 * k + 3],
+        ])
+    };
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let sc_lo = u0 & 0x3f3f_3f3f;
+    let sc_hi = (u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4);
+    let m_lo = u1 & 0x3f3f_3f3f;
+    let m_hi = ((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4);
+    let words = |lo: u32, hi: u32| {
+        _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+            ((u64::from(hi) << 32) | u64::from(lo)) as i64,
+        ))
+    };
+    (words(sc_lo, sc_hi), words(m_lo, m_hi))
+}
+
+/// One block's float step of the one-row kernels: the min term (`madd` of the activation's
+/// `bsums` with the mins `m16` in pairs), reduced together with the 8 lanes of the integer sum
+/// into exact `[isum, mins]`, then the portable order's `acc = fma(isum, d * dx, acc)` and
+/// `acc_min = fma(mins, dmin * dx, acc_min)` as one 2-lane `fma` on `acc = [acc, acc_min, ..]`.
+/// Bounds: each lane's sum and the min term fit i32 (at most 8 * 2 * 15 * 128 * 63 and
+/// 16 * 2048 * 63 in magnitude).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn accumulate_block(
+    lanes: __m256i,
+    m16: __m128i,
+    bw: &BlockQ4_K,
+    bx: &BlockQ8_K,
+    acc: __m128,
+) -> __m128 {
+    // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); unaligned load.
+    let bsums = unsafe { _mm256_loadu_si256(bx.bsums.as_ptr().cast()) };
+    let m_pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+    let mins = _mm256_madd_epi16(bsums, m_pairs);
+    let h = _mm256_hadd_epi32(lanes, mins);
+    let h = _mm256_hadd_epi32(h, h);
+    // [isum, mins, isum, mins].
+    let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+        bw.d[0], bw.d[1], bw.dmin[0], bw.dmin[1],
+    ])));
+    let scale = _mm_mul_ps(dm, _mm_set1_ps(bx.d()));
+    _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc)
+}
+
+/// The result of [`accumulate_block`]'s accumulators: `acc - acc_min`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn row_result(acc: __m128) -> f32 {
+    let mut out = [0.0f32; 4];
+    // SAFETY: 4 writable f32; storeu has no alignment requirement.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    out[0] - out[1]
+}
 
 /// One row in the order of [`super::repack::dot_q4_k_q8_k`] with AVX-512 (bit-identical):
 /// per 32-byte chunk `c` of quants, the low nibbles in the low half of a register and the high
@@ -487,8 +568,8 @@ const ROW_PREFETCH_BLOCKS: usize = 24;
 /// multiplies them by the two sub-block scales and accumulates, exactly in i32. The block's
 /// integer sum and its min term are reduced together, and the two float accumulators advance
 /// as one 2-lane `fma`: `acc = fma(isum, d * dx, acc)`, `acc_min = fma(mins, dmin * dx,
-/// acc_min)`, the portable order. It reads the row front to back and prefetches the lines of
-/// the block [`ROW_PREFETCH_BLOCKS`] ahead (past the row: the next rows of a matrix follow).
+/// acc_min)`, the portable order ([`accumulate_block`]). It reads the row front to back and
+/// prefetches ahead ([`prefetch_row_ahead`]).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI; `x.len() >= w.len()`.
@@ -507,33 +588,8 @@ unsafe fn row1_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
     });
     let mut acc = _mm_setzero_ps();
     for (bw, bx) in w.iter().zip(x) {
-        let ahead = (bw as *const BlockQ4_K)
-            .cast::<u8>()
-            .wrapping_add(ROW_PREFETCH_BLOCKS * 144);
-        for line in 0..3 {
-            // A prefetch never faults, whatever the address.
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
-        }
-        // The 6-bit scales and mins of the 8 sub-blocks (ggml's `utmp` unpacking).
-        let u = |k: usize| {
-            u32::from_le_bytes([
-                bw.scales[4 * k],
-                bw.scales[4 * k + 1],
-                bw.scales[4 * k + 2],
-                bw.scales[4 * k + 3],
-            ])
-        };
-        let (u0, u1, u2) = (u(0), u(1), u(2));
-        let sc_lo = u0 & 0x3f3f_3f3f;
-        let sc_hi = (u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4);
-        let m_lo = u1 & 0x3f3f_3f3f;
-        let m_hi = ((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4);
-        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-            (u64::from(sc_hi) << 32 | u64::from(sc_lo)) as i64,
-        ));
-        let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-            (u64::from(m_hi) << 32 | u64::from(m_lo)) as i64,
-        ));
+        prefetch_row_ahead(bw);
+        let (sc16, m16) = scales_mins_words(bw);
         let sc512 = _mm512_castsi128_si512(sc16);
         let mut isum = _mm512_setzero_si512();
         for (c, idx) in sc_idx.iter().enumerate() {
@@ -549,28 +605,13 @@ unsafe fn row1_impl(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
             let sc = _mm512_permutexvar_epi16(*idx, sc512);
             isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(z, y), sc);
         }
-        // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); unaligned load.
-        let bsums = unsafe { _mm256_loadu_si256(bx.bsums.as_ptr().cast()) };
-        let m_pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-        let mins = _mm256_madd_epi16(bsums, m_pairs);
         let v = _mm256_add_epi32(
             _mm512_castsi512_si256(isum),
             _mm512_extracti64x4_epi64::<1>(isum),
         );
-        let h = _mm256_hadd_epi32(v, mins);
-        let h = _mm256_hadd_epi32(h, h);
-        // [isum, mins, isum, mins]: exact sums (no i32 overflow: see the bounds above).
-        let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
-            bw.d[0], bw.d[1], bw.dmin[0], bw.dmin[1],
-        ])));
-        let scale = _mm_mul_ps(dm, _mm_set1_ps(bx.d()));
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
+        acc = accumulate_block(v, m16, bw, bx, acc);
     }
-    let mut out = [0.0f32; 4];
-    // SAFETY: 4 writable f32; storeu has no alignment requirement.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
-    out[0] - out[1]
+    row_result(acc)
 }
 
 /// Q4_K · Q8_K of one row with AVX-512, bit-identical to [`super::repack::dot_q4_k_q8_k`]

@@ -169,6 +169,7 @@ pub(super) fn dot_q4_k_q8_k(w: &[BlockQ4_K], x: &[BlockQ8_K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::super::avx2::{load_q8, nibbles, Token};
+    use super::super::q4_k_rows;
     use super::*;
     use std::arch::x86_64::*;
 
@@ -314,32 +315,10 @@ pub(super) mod avx2 {
         let mut acc = _mm_setzero_ps();
         for (bw, bx) in w.iter().zip(x) {
             // Decode streams the matrix through here one row after another (the AVX2 set has
-            // no group kernel for Q4_K): the lines of the block 24 ahead, spread over the loop.
-            let ahead = (bw as *const BlockQ4_K).cast::<u8>().wrapping_add(24 * 144);
-            for line in 0..3 {
-                // A prefetch never faults, whatever the address.
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
-            }
-            // The 6-bit scales and mins of the 8 sub-blocks, as `scale_min_k4` gives them.
-            let u = |k: usize| {
-                u32::from_le_bytes([
-                    bw.scales[4 * k],
-                    bw.scales[4 * k + 1],
-                    bw.scales[4 * k + 2],
-                    bw.scales[4 * k + 3],
-                ])
-            };
-            let (u0, u1, u2) = (u(0), u(1), u(2));
-            let sc_lo = u0 & 0x3f3f_3f3f;
-            let sc_hi = (u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4);
-            let m_lo = u1 & 0x3f3f_3f3f;
-            let m_hi = ((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4);
-            let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-                ((u64::from(sc_hi) << 32) | u64::from(sc_lo)) as i64,
-            )));
-            let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-                ((u64::from(m_hi) << 32) | u64::from(m_lo)) as i64,
-            ));
+            // no group kernel for Q4_K).
+            q4_k_rows::prefetch_row_ahead(bw);
+            let (sc16, m16) = q4_k_rows::scales_mins_words(bw);
+            let sc16 = _mm256_broadcastsi128_si256(sc16);
             let mut lanes = _mm256_setzero_si256();
             for c in 0..4 {
                 // SAFETY: c < 4: `qs[32c..32c + 32]` of the weights and `qs[64c..64c + 64]` of
@@ -357,25 +336,9 @@ pub(super) mod avx2 {
                 let hi = _mm256_madd_epi16(hi, _mm256_shuffle_epi8(sc16, sel[2 * c + 1]));
                 lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(lo, hi));
             }
-            // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); unaligned load.
-            let bsums = unsafe { _mm256_loadu_si256(bx.bsums.as_ptr().cast()) };
-            let m_pairs =
-                _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-            let mins = _mm256_madd_epi16(bsums, m_pairs);
-            let h = _mm256_hadd_epi32(lanes, mins);
-            let h = _mm256_hadd_epi32(h, h);
-            // [isum, mins, isum, mins]: exact integer sums, as the portable order's.
-            let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
-                bw.d[0], bw.d[1], bw.dmin[0], bw.dmin[1],
-            ])));
-            let scale = _mm_mul_ps(dm, _mm_set1_ps(bx.d()));
-            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
+            acc = q4_k_rows::accumulate_block(lanes, m16, bw, bx, acc);
         }
-        let mut out = [0.0f32; 4];
-        // SAFETY: 4 writable f32; storeu has no alignment requirement.
-        unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
-        out[0] - out[1]
+        q4_k_rows::row_result(acc)
     }
 
     /// The 8 lanes of `p[r]` summed per register: lane r of the result is the sum of `p[r]`

@@ -1621,13 +1621,12 @@ impl OpCtx<'_> {
         let w = self.model.weight(weight);
         let bytes = self.model.weight_bytes(weight);
         let n_tok = self.rows_of(out);
-        let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
         let xq = self.input_bytes(x, 0..n_tok);
         let xrb = self.pg.graph.values[x.0].row_bytes();
         if n_tok == 1 && self.n_threads > 1 && bytes.len() / self.n_threads >= STEAL_MIN_SHARE_BYTES
         {
-            // Decode streams the weights once and is memory-bound: a few long chunks per
-            // share keep each thread's reads sequential, and stealing evens out the finish.
+            // Decode streams the weights once and is memory-bound: long chunks first keep each
+            // thread's reads sequential, and stealing the short last ones evens out the finish.
             let min_rows = DECODE_MIN_CHUNK_BYTES
                 .div_ceil(bytes.len() / w.n_rows.max(1))
                 .max(1);
@@ -1646,8 +1645,9 @@ impl OpCtx<'_> {
             }
             return;
         }
-        // One token (decode) streams the weights once: one call over the thread's whole share,
-        // so that the kernels' prefetching runs ahead across it without a break every chunk.
+        let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
+        // A small decode matmul streams the weights once: one call over the thread's whole
+        // share, so that the kernels' prefetching runs ahead across it without a break.
         let chunk = if n_tok == 1 {
             mine.len().max(1)
         } else {
