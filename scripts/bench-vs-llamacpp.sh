@@ -23,7 +23,7 @@ PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
 LLAMA_BENCH=$PEER_BIN/llama-bench
 [ -x "$LLAMA_BENCH" ] || { echo "error: $LLAMA_BENCH not found after building the peer" >&2; exit 1; }
 
-cargo build --release -q -p edge-engine --bin edge-run >&2
+cargo build --release -q -p edge-run --bin edge-run >&2
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 EDGE_RUN=$TARGET_DIR/release/edge-run
 

@@ -23,7 +23,8 @@ export NVCC
 ./scripts/fetch-model.sh >/dev/null
 TARGET="${CARGO_TARGET_DIR:-target}"
 export CARGO_TARGET_DIR="$TARGET"
-cargo build --release --features cuda --bin edge-run --example synth_model -p edge-engine
+cargo build --release --features cuda -p edge-run --bin edge-run
+cargo build --release --features cuda -p edge-engine --example synth_model
 cargo test --release --features cuda --no-run --message-format=json \
     -p edge-engine --lib -p edge-tests --test cuda_reference > "$TARGET/gpu-tests.json"
 rm -rf .gpu

@@ -3,7 +3,7 @@
 # `cargo build --features cuda` on machines without a CUDA toolkit. Idempotent: does nothing when
 # that nvcc is already there. Prints the nvcc path on stdout (everything else goes to stderr).
 #
-#   EDGE_RUN_CUDA_PREFIX  install prefix (default: ~/.cache/edge-run/cuda-13.0); engine/build.rs
+#   EDGE_RUN_CUDA_PREFIX  install prefix (default: ~/.cache/edge-run/cuda-13.0); engine/core/build.rs
 #                         looks there (and at NVCC, PATH, pip's site-packages) for nvcc.
 #
 # The wheels: nvcc itself, its C runtime headers (crt), CCCL (cuda_fp16.h's dependencies), the

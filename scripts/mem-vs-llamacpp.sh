@@ -25,7 +25,7 @@ PROMPT=${PROMPT:-"Write a short story about a robot that learns to paint."}
 PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
 LLAMA=$PEER_BIN/llama-completion
 [ -x "$LLAMA" ] || { echo "error: $LLAMA not found after building the peer" >&2; exit 1; }
-cargo build --release -q -p edge-engine --bin edge-run >&2
+cargo build --release -q -p edge-run --bin edge-run >&2
 EDGE_RUN=${CARGO_TARGET_DIR:-target}/release/edge-run
 
 OUT=$(mktemp -d)

@@ -20,4 +20,5 @@ fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 cargo test --release --target aarch64-unknown-linux-gnu \
-  -p edge-arena -p edge-engine -p edge-tokenizers -p edge-targets --lib "$@"
+  -p edge-arena -p edge-gguf -p edge-kernels -p edge-engine -p edge-tokenizers -p edge-targets \
+  --lib "$@"

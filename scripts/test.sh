@@ -22,7 +22,7 @@ if [ "${EDGE_RUN_SKIP_CUDA:-0}" != "1" ]; then
     cargo build --release --features cuda
     # The CUDA-specific tests: kernels and weight-path choice (lib), the CLI's device handling,
     # and the end-to-end reference comparison on --device cuda.
-    cargo test --release -p edge-engine --features cuda --lib -- cuda:: device::
-    cargo test --release -p edge-engine --features cuda --test cli -- device plan_reports
+    cargo test --release -p edge-engine --features cuda --lib -- backend::cuda device::
+    cargo test --release -p edge-run --features cuda --test cli -- device plan_reports
     cargo test --release -p edge-tests --features cuda --test cuda_reference
 fi

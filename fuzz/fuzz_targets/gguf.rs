@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Tokenizer alone (vocabulary-only files are valid inputs of `edge-run tokenize`).
-    if let Ok(tok) = edge_engine::vocab::tokenizer_from_gguf(&gguf) {
+    if let Ok(tok) = edge_engine::model::vocab::tokenizer_from_gguf(&gguf) {
         let _ = tok.encode("Hello world <|endoftext|> ü", true, true);
     }
     let _ = edge_engine::model::Model::from_gguf(gguf);

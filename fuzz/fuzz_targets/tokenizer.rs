@@ -33,7 +33,7 @@ fn tokenizers() -> &'static Vec<Tokenizer> {
                 let path = dir.join(name);
                 let g = edge_engine::gguf::Gguf::open(&path)
                     .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                edge_engine::vocab::tokenizer_from_gguf(&g)
+                edge_engine::model::vocab::tokenizer_from_gguf(&g)
                     .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
             })
             .collect()

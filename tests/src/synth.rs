@@ -12,8 +12,8 @@
 //! and alternating 8-token sliding windows; Gemma 3 q/k norms, five local layers to one global
 //! one with their own rope base, and linear rope scaling on the global layer.
 
+use edge_engine::gguf::GgmlType;
 use edge_engine::gguf::{Gguf, GgufWriter};
-use edge_engine::tensor::GgmlType;
 
 /// The models [`make_arch_model`] builds, by name (`llama3` is the `llama` architecture with
 /// Llama 3's rope frequency factors).

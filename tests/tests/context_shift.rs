@@ -1,12 +1,12 @@
 //! The context policy on the real model: under `ContextPolicy::Shift` a session generates far
 //! past its context (n_past never above ctx), under `Stop` it refuses with `ContextFull`, and
 //! impossible shifts are errors, not panics. The re-rotation itself is checked against RoPE
-//! computed directly in `engine/src/exec` (`shift_tests`).
+//! computed directly in `engine/core/src/kv` (its tests).
 
 use std::sync::Arc;
 
 use edge_engine::error::EngineError;
-use edge_engine::exec::KvType;
+use edge_engine::kv::KvType;
 use edge_engine::model::Model;
 use edge_engine::sampling::argmax;
 use edge_engine::session::{ContextPolicy, Session, SessionConfig};
@@ -114,14 +114,14 @@ fn stop_policy_refuses_with_context_full() {
         ),
         "{e}"
     );
-    assert!(e.to_string().contains("--ctx"), "{e}");
+    assert!(e.to_string().contains("use a larger ctx"), "{e}");
 }
 
 #[test]
 fn impossible_shifts_are_clear_errors() {
     let model = model();
     let ids = prompt(&model);
-    // A prompt longer than the context: refused even with shifting, naming --ctx.
+    // A prompt longer than the context: refused even with shifting, naming the context size.
     let mut s = session(&model, 8, KvType::F16);
     s.set_context_policy(ContextPolicy::Shift { keep: 1 });
     let e = s.prefill(&ids).unwrap_err();
@@ -129,7 +129,7 @@ fn impossible_shifts_are_clear_errors() {
         matches!(e, EngineError::ContextFull { what: "prompt", .. }),
         "{e}"
     );
-    assert!(e.to_string().contains("--ctx"), "{e}");
+    assert!(e.to_string().contains("use a larger ctx"), "{e}");
     assert_eq!(s.n_past(), 0, "nothing ran");
     // Keeping the whole context leaves nothing to drop.
     let mut s = session(&model, 16, KvType::F16);
@@ -145,7 +145,7 @@ fn impossible_shifts_are_clear_errors() {
         matches!(e, EngineError::ContextShift { ctx: 16, .. }),
         "{e}"
     );
-    assert!(e.to_string().contains("--keep"), "{e}");
+    assert!(e.to_string().contains("use a smaller keep"), "{e}");
     // A prompt that must shift in the middle of its chunks works.
     let mut s = session(&model, 16, KvType::F16);
     s.set_context_policy(ContextPolicy::Shift { keep: 1 });

@@ -20,7 +20,7 @@
 use std::sync::{Arc, OnceLock};
 
 use edge_engine::device::Device;
-use edge_engine::exec::KvType;
+use edge_engine::kv::KvType;
 use edge_engine::model::Model;
 use edge_engine::session::{Session, SessionConfig};
 use edge_tests::{ids, read_jsonl, shared_dir, smollm2_path};
@@ -44,7 +44,7 @@ fn cuda_session_kv(
     ubatch: Option<usize>,
     kv_type: KvType,
 ) -> Option<Session> {
-    match edge_engine::cuda::device_count() {
+    match edge_engine::backend::cuda::device_count() {
         Ok(n) if n > 0 => {}
         Ok(_) => {
             eprintln!("{test}: skipped: no CUDA device (the driver reports none)");
@@ -338,7 +338,7 @@ fn cuda_q4_k_m_teacher_forced_close_to_llama_cpp() {
         None => root.join("tests/reference"),
     }
     .join("smollm2-q4_k_m");
-    match edge_engine::cuda::device_count() {
+    match edge_engine::backend::cuda::device_count() {
         Ok(n) if n > 0 => {}
         Ok(_) => {
             eprintln!("cuda_q4_k_m: skipped: no CUDA device (the driver reports none)");

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use edge_engine::cpu::{Kernels, Q8Rounding};
+use edge_engine::kernels::cpu::{Kernels, Q8Rounding};
 use edge_engine::model::Model;
 use edge_engine::session::{Session, SessionConfig, SessionPlan};
 use edge_tests::{greedy, ids, read_jsonl, shared_dir, smollm2_path};

@@ -4,7 +4,7 @@
 use std::ops::ControlFlow;
 use std::sync::{Arc, Barrier, OnceLock};
 
-use edge_engine::error::EngineError;
+use edge_engine::error::{EngineError, Setting};
 use edge_engine::generate::{GenerateOptions, StopReason};
 use edge_engine::model::Model;
 use edge_engine::session::{Session, SessionConfig};
@@ -177,7 +177,10 @@ fn generation_refuses_bad_input_with_typed_errors() {
     opts.sampling.top_p = 2.0;
     assert!(matches!(
         s.generate(&[1], &opts, go),
-        Err(EngineError::InvalidArgument(_))
+        Err(EngineError::InvalidSetting {
+            setting: Setting::TopP,
+            ..
+        })
     ));
     // The session still works afterwards.
     assert_eq!(s.n_past(), 0);

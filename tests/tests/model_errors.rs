@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use edge_engine::error::EngineError;
+use edge_engine::error::{EngineError, Setting};
+use edge_engine::gguf::GgmlType;
 use edge_engine::gguf::{GgufError, GgufWriter, MetaValue};
 use edge_engine::model::Model;
 use edge_engine::session::{Session, SessionConfig};
-use edge_engine::tensor::GgmlType;
 
 // ---------------------------------------------------------------- a tiny model
 
@@ -420,7 +420,7 @@ fn separate_output_head_is_used() {
         });
     });
     let separate = Arc::new(load(&separate).expect("a model with its own output head loads"));
-    let edge_engine::model::Layout::Decoder(layout) = &separate.layout else {
+    let edge_engine::arch::Layout::Decoder(layout) = &separate.layout else {
         panic!("a llama model has a decoder layout")
     };
     assert_ne!(layout.output, layout.token_embd);
@@ -771,32 +771,43 @@ fn generating_past_the_context_is_context_full() {
     assert_finite(s.prefill(&[10, 20, 30]).unwrap(), model.params.n_vocab);
 }
 
+/// A session setting out of range is an invalid-setting error that names the setting (the C
+/// API reports it as an invalid argument).
 #[test]
 fn bad_session_config_is_invalid_argument() {
     let model = tiny_model();
-    for cfg in [
-        SessionConfig {
-            ctx: Some(0),
-            ubatch: None,
-            threads: Some(1),
-            ..Default::default()
-        },
-        SessionConfig {
-            ctx: Some(8),
-            ubatch: Some(0),
-            threads: Some(1),
-            ..Default::default()
-        },
-        SessionConfig {
-            ctx: Some(8),
-            ubatch: None,
-            threads: Some(0),
-            ..Default::default()
-        },
+    for (cfg, setting) in [
+        (
+            SessionConfig {
+                ctx: Some(0),
+                ubatch: None,
+                threads: Some(1),
+                ..Default::default()
+            },
+            Setting::Ctx,
+        ),
+        (
+            SessionConfig {
+                ctx: Some(8),
+                ubatch: Some(0),
+                threads: Some(1),
+                ..Default::default()
+            },
+            Setting::Ubatch,
+        ),
+        (
+            SessionConfig {
+                ctx: Some(8),
+                ubatch: None,
+                threads: Some(0),
+                ..Default::default()
+            },
+            Setting::Threads,
+        ),
     ] {
         let e = Session::new(model.clone(), &cfg).unwrap_err();
         assert!(
-            matches!(e, EngineError::InvalidArgument(_)),
+            matches!(e, EngineError::InvalidSetting { setting: s, .. } if s == setting),
             "{cfg:?}: {e:?}"
         );
     }
@@ -942,7 +953,7 @@ fn truncated_inside_every_field_names_the_field() {
 
 /// One defect at a time in an otherwise complete model file, loaded as the CLI loads it: each
 /// gives its own error variant naming the key, tensor or field. (The GGUF reader's unit tests,
-/// `engine/src/gguf/tests.rs`, cover the same defects on minimal files, value type by value
+/// `engine/gguf/src/tests.rs`, cover the same defects on minimal files, value type by value
 /// type.)
 #[test]
 fn malformed_model_files_give_their_specific_errors() {
@@ -1113,9 +1124,11 @@ fn malformed_model_files_give_their_specific_errors() {
 /// since the k-quant and IQ4 kernels). The default device falls back to the CPU for such a model (`device_for`); an explicit `--device cuda` reports the reason.
 #[test]
 fn cuda_support_is_decided_from_the_model() {
-    use edge_engine::device::cuda_unsupported;
+    use edge_engine::backend::cuda::cuda_unsupported;
     // DIMS has heads of 16: below the kernel's multiple of 32.
-    let reason = cuda_unsupported(&tiny_model()).expect("head size 16 is refused");
+    let reason = cuda_unsupported(&tiny_model())
+        .expect("head size 16 is refused")
+        .to_string();
     assert!(
         reason.contains("head size") && reason.contains("16"),
         "{reason}"
@@ -1149,9 +1162,9 @@ fn cuda_support_is_decided_from_the_model() {
         assert_eq!(cuda_unsupported(&m), None, "{ty}");
     }
     // Without CUDA compiled in (or without a GPU) the default device is the CPU either way.
-    if !edge_engine::device::cuda_compiled() {
+    if !edge_engine::backend::cuda::COMPILED {
         assert_eq!(
-            edge_engine::device::device_for(&m),
+            edge_engine::backend::device_for(&m),
             edge_engine::device::Device::Cpu
         );
     }

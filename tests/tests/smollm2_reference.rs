@@ -106,7 +106,7 @@ fn chunked_prefill_and_threads_do_not_change_tokens() {
 ///
 /// Tolerance 1e-3: the engine reproduces llama.cpp's x86 CPU arithmetic operation for operation
 /// (same activation rounding, same summation order in every dot product, same exp polynomial;
-/// see `edge_engine::cpu::ggml_order`), so the logits are bit-identical and the only difference
+/// see `edge_engine::kernels::cpu::ggml_order`), so the logits are bit-identical and the only difference
 /// left is the reference file's rounding to 4 decimals (5e-5). Before that emulation, engines
 /// that agree on the math but not the order differed by up to 1.3 here (30 layers amplify
 /// last-bit differences through the q8 activation rounding), which flipped greedy choices. On
@@ -189,12 +189,11 @@ fn teacher_forced_logits_match_llama_cpp() {
 /// token, and the decode arena does not depend on the context size.
 #[test]
 fn arena_plan_is_sound_and_logits_are_last_position_only() {
-    use edge_engine::arch::build_graph;
-    use edge_engine::exec::memory::ALIGN;
+    use edge_engine::memory::ALIGN;
     let model = model();
     let n_vocab = model.params.n_vocab;
     for ubatch in [1, 7, 512] {
-        let graph = build_graph(&model, ubatch);
+        let graph = model.build_graph(ubatch);
         let logits = &graph.values[graph.output.0];
         assert_eq!((logits.rows, logits.cols), (1, n_vocab), "ubatch {ubatch}");
         // No other buffer is vocabulary-sized per token.
@@ -295,7 +294,7 @@ fn budget_refuses_or_picks_the_largest_context() {
             assert_eq!(e.largest_fitting_ctx, Some(1024));
             let line = EngineError::Budget(e).to_string();
             assert!(
-                !line.contains('\n') && line.contains("--ctx 1024"),
+                !line.contains('\n') && line.contains("use ctx 1024 or less"),
                 "{line}"
             );
         }
@@ -321,7 +320,7 @@ fn budget_refuses_or_picks_the_largest_context() {
 /// accuracy cost of an online softmax, with an f16 cache (`--flash-attn`) and with a q8_0 cache
 /// (half the memory). Prints top-1 agreement, logit errors and identical greedy continuations;
 /// the thresholds are the measured figures with a margin (see the README's KV cache section).
-fn tiled_attention_stays_close(kv_type: edge_engine::exec::KvType, flash_attn: bool) -> (f64, f32) {
+fn tiled_attention_stays_close(kv_type: edge_engine::kv::KvType, flash_attn: bool) -> (f64, f32) {
     let model = model();
     let cfg = SessionConfig {
         ctx: Some(512),
@@ -377,7 +376,7 @@ fn tiled_attention_stays_close(kv_type: edge_engine::exec::KvType, flash_attn: b
 /// A q8_0 KV cache: half the memory of f16, attention always tiled.
 #[test]
 fn q8_0_kv_cache_stays_close_to_llama_cpp() {
-    let (mean_err, max_err) = tiled_attention_stays_close(edge_engine::exec::KvType::Q8_0, false);
+    let (mean_err, max_err) = tiled_attention_stays_close(edge_engine::kv::KvType::Q8_0, false);
     assert!(
         mean_err < 0.4 && max_err < 2.0,
         "mean {mean_err}, max {max_err}"
@@ -390,7 +389,7 @@ fn q8_0_kv_cache_stays_close_to_llama_cpp() {
 /// differences through the q8 rounding of activations (see the README's correctness section).
 #[test]
 fn flash_attention_stays_close_to_llama_cpp() {
-    let (mean_err, max_err) = tiled_attention_stays_close(edge_engine::exec::KvType::F16, true);
+    let (mean_err, max_err) = tiled_attention_stays_close(edge_engine::kv::KvType::F16, true);
     assert!(
         mean_err < 0.4 && max_err < 2.0,
         "mean {mean_err}, max {max_err}"

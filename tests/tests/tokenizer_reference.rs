@@ -11,7 +11,7 @@ use edge_tokenizers::Tokenizer;
 
 fn tokenizer(path: &Path) -> Tokenizer {
     let g = Gguf::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let cfg = edge_engine::vocab::vocab_config_from_gguf(&g)
+    let cfg = edge_engine::model::vocab::vocab_config_from_gguf(&g)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     Tokenizer::from_config(cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

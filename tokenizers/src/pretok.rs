@@ -5,8 +5,8 @@
 //! each non-ASCII codepoint stands for its Unicode category, so `\p{..}` classes behave exactly
 //! as there.
 
+use crate::error::TokenizerError;
 use crate::unicode::{self, CATEGORY_MASK, LETTER, NUMBER, WHITESPACE};
-use crate::TokenizerError;
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";

@@ -6,7 +6,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::Vocab;
+use crate::vocab::Vocab;
 
 #[derive(Clone, Copy)]
 struct Symbol {

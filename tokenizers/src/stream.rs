@@ -1,6 +1,6 @@
 //! Streaming detokenization: bytes of generated tokens in, complete UTF-8 text out.
 
-use crate::Tokenizer;
+use crate::tokenizer::Tokenizer;
 
 /// Turns a stream of token ids into text, holding back the bytes of a UTF-8 character until the
 /// token that completes it arrives (byte-level BPE and `<0xXX>` tokens split characters).

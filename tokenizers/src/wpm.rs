@@ -5,7 +5,7 @@
 //! matched greedily, longest vocabulary entry first; a word that cannot be covered becomes UNK.
 
 use crate::unicode::{self, ACCENT_MARK, CONTROL, PUNCTUATION, SYMBOL, WHITESPACE};
-use crate::Vocab;
+use crate::vocab::Vocab;
 
 fn is_chinese_char(c: u32) -> bool {
     (0x4E00..=0x9FFF).contains(&c)

@@ -1,0 +1,396 @@
+//! The CPU executor: runs a planned graph over one arena, the KV cache and the mapped weights,
+//! on a persistent thread pool, without allocating.
+//!
+//! Every thread walks the same op list; each op is split by rows (tokens), weight rows or
+//! heads, and the threads meet at a barrier after each op that a later one depends on. A
+//! single token's elementwise ops are split by columns instead, and its matmuls' weight rows
+//! and attention heads are claimed in chunks, so that a thread that finishes early takes work
+//! from the others ([`edge_kernels::steal`]). The ops are in the files beside this one:
+//! `ops.rs` (elementwise ops, norms, embeddings, RoPE), `matmul.rs` and `attention.rs`.
+//!
+//! Memory safety rests on two facts, checked when the session is built:
+//! 1. the arena plan passed [`edge_arena::check_with_inplace`]: values live at the same time
+//!    never overlap, except that an elementwise op's output may sit exactly on an input that
+//!    dies at that op (`Graph::inplace_pairs`); an op's inputs and output are all live during
+//!    the op;
+//! 2. within an op, each thread creates mutable slices only of its own part of the output
+//!    (rows, columns or chunks it was given or claimed; and of the KV cache rows of its own
+//!    tokens, or for one token its own columns), and nobody writes an op's inputs — an op
+//!    whose output shares an input's offset never makes a shared slice of that input: it reads
+//!    the element through the output slice, before writing it.
+
+use edge_kernels::cpu::ggml_order::LANES;
+use edge_kernels::steal;
+use edge_kernels::threads::{split_range, SpinBarrier, ThreadPool};
+use edge_kernels::Kernels;
+
+use crate::graph::{Op, ValueId, ValueType};
+use crate::kv::KvCache;
+use crate::memory::SharedMem;
+use crate::model::Model;
+use crate::plan::PlannedGraph;
+
+/// Whether `EDGE_RUN_DUMP` asks for a per-op trace of values (a debugging aid).
+fn dump_enabled() -> bool {
+    std::env::var_os("EDGE_RUN_DUMP").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Columns per thread part of a decode step's elementwise f32 ops: a whole cache line, so that
+/// two threads never write the same line.
+pub(super) const F32_GRANULE: usize = 16;
+
+/// Bytes of scratch one thread needs for attention over `ctx` positions with heads of
+/// `head_dim`: one row of scores (one head, one token), the query, and the ordered
+/// accumulators of the output (64 lanes per output element; see
+/// [`edge_kernels::cpu::ggml_order`]).
+pub fn scratch_bytes_per_thread(ctx: usize, head_dim: usize) -> usize {
+    (ctx + head_dim + head_dim * 4 * LANES) * 4
+}
+
+/// Bytes of scratch one thread needs for the tiled (online-softmax) attention: an f32
+/// accumulator and one dequantized value row of one head. Independent of the context.
+pub fn online_scratch_bytes_per_thread(head_dim: usize) -> usize {
+    2 * head_dim * 4
+}
+
+/// Everything a run touches besides the model.
+pub struct Executor {
+    /// Attention runs tiled with an online softmax (always for a q8_0 cache; for f16 when
+    /// flash attention was asked for).
+    pub(super) online_attention: bool,
+    pool: ThreadPool,
+    barrier: SpinBarrier,
+    pub(super) kernels: Kernels,
+    pub(super) arena: SharedMem,
+    scratch: SharedMem,
+    pub(super) scratch_per_thread: usize,
+    /// `EDGE_RUN_DUMP` was set when the executor was built.
+    dump: bool,
+    /// Decode matmuls' row chunks, claimed by the threads (see [`edge_kernels::steal`]).
+    pub(super) claims: steal::RowClaims,
+    /// The tag of the next run's first op: each op of each run tags its row claims with a
+    /// larger number than any before it.
+    next_tag: std::sync::atomic::AtomicUsize,
+}
+
+/// Inputs of one run.
+#[derive(Clone, Copy)]
+pub struct RunArgs<'a> {
+    /// Token ids (at most the graph's ubatch).
+    pub tokens: &'a [u32],
+    /// Position of the first token.
+    pub pos0: usize,
+}
+
+impl Executor {
+    /// An executor with an arena of `arena_bytes` and `n_threads` threads; `online_attention`
+    /// picks the tiled online-softmax attention (scratch independent of `ctx`) over the exact
+    /// llama.cpp-order one.
+    pub fn new(
+        arena_bytes: usize,
+        n_threads: usize,
+        ctx: usize,
+        head_dim: usize,
+        online_attention: bool,
+        kernels: Kernels,
+    ) -> Result<Executor, String> {
+        let scratch_per_thread = if online_attention {
+            online_scratch_bytes_per_thread(head_dim)
+        } else {
+            scratch_bytes_per_thread(ctx, head_dim)
+        }
+        .next_multiple_of(crate::memory::ALIGN);
+        Ok(Executor {
+            online_attention,
+            pool: ThreadPool::new(n_threads)?,
+            barrier: SpinBarrier::new(n_threads.max(1)),
+            kernels,
+            arena: SharedMem::new(arena_bytes)?,
+            scratch: SharedMem::new(scratch_per_thread * n_threads.max(1))?,
+            scratch_per_thread,
+            dump: dump_enabled(),
+            claims: steal::RowClaims::new(n_threads),
+            next_tag: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Threads used per op.
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Bytes of the arena.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.len()
+    }
+
+    /// Bytes of per-thread scratch.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.len()
+    }
+
+    /// The kernels in use.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// Runs the graph for `args.tokens` at positions `pos0..`; the caller has checked that the
+    /// tokens fit the graph's ubatch and the cache. Returns false if a thread panicked (a bug).
+    pub fn run(&self, model: &Model, kv: &KvCache, pg: &PlannedGraph, args: RunArgs<'_>) -> bool {
+        assert!(args.tokens.len() <= pg.graph.ubatch && !args.tokens.is_empty());
+        assert!(args.pos0 + args.tokens.len() <= kv.ctx);
+        let n = self.n_threads();
+        let dump = self.dump;
+        let tag0 = self
+            .next_tag
+            .fetch_add(pg.graph.ops.len(), std::sync::atomic::Ordering::Relaxed);
+        self.pool.run(&|tid| {
+            for (i, op) in pg.graph.ops.iter().enumerate() {
+                let ctx = OpCtx {
+                    exec: self,
+                    model,
+                    kv,
+                    pg,
+                    args,
+                    tid,
+                    n_threads: n,
+                    tag: tag0.wrapping_add(i),
+                };
+                ctx.run(op);
+                if pg.barrier_after(i) || dump {
+                    self.barrier.wait();
+                }
+                if dump && tid == 0 {
+                    self.dump_value(pg, op, args.tokens.len());
+                }
+            }
+        })
+    }
+
+    /// Prints the first and last values and the sum of an op's output (last row) to stderr,
+    /// in the format of llama.cpp's `llama-eval-callback`, to locate numeric differences.
+    fn dump_value(&self, pg: &PlannedGraph, op: &Op, n_tokens: usize) {
+        let Some(o) = op.output() else { return };
+        let v = &pg.graph.values[o.0];
+        if v.ty != ValueType::F32 || v.cols < 6 {
+            return;
+        }
+        let row = v.rows.min(n_tokens) - 1;
+        // SAFETY: called between ops, after the barrier, by one thread: nothing writes the arena.
+        let x = unsafe {
+            self.arena
+                .slice::<f32>(pg.offsets[o.0] + row * v.cols * 4, v.cols)
+        };
+        let sum: f64 = x.iter().map(|&a| f64::from(a)).sum();
+        let c = v.cols;
+        eprintln!(
+            "{:32} [{:.4}, {:.4}, {:.4}, ..., {:.4}, {:.4}, {:.4}] sum = {:.6}",
+            v.name,
+            x[0],
+            x[1],
+            x[2],
+            x[c - 3],
+            x[c - 2],
+            x[c - 1],
+            sum
+        );
+    }
+
+    /// The f32 contents of `value` (first `rows` rows), e.g. the logits after a run.
+    pub fn read_f32(&self, pg: &PlannedGraph, value: ValueId, rows: usize) -> &[f32] {
+        let v = &pg.graph.values[value.0];
+        // SAFETY: no run is in progress (runs take &self and return before we are called
+        // again; callers hold the session mutably while running), so nothing writes the arena.
+        unsafe {
+            self.arena
+                .slice::<f32>(pg.offsets[value.0], rows.min(v.rows) * v.cols)
+        }
+    }
+}
+
+/// What one thread needs to run its share of one op.
+pub(super) struct OpCtx<'a> {
+    pub(super) exec: &'a Executor,
+    pub(super) model: &'a Model,
+    pub(super) kv: &'a KvCache,
+    pub(super) pg: &'a PlannedGraph,
+    pub(super) args: RunArgs<'a>,
+    pub(super) tid: usize,
+    pub(super) n_threads: usize,
+    /// Tags this op's row claims: consecutive ops have consecutive tags.
+    pub(super) tag: usize,
+}
+
+impl OpCtx<'_> {
+    /// Tokens of this run.
+    pub(super) fn n_tokens(&self) -> usize {
+        self.args.tokens.len()
+    }
+
+    /// Rows of `v` this run uses.
+    pub(super) fn rows_of(&self, v: ValueId) -> usize {
+        self.pg.graph.values[v.0].rows.min(self.n_tokens())
+    }
+
+    /// Elements per row of `v`.
+    pub(super) fn cols(&self, v: ValueId) -> usize {
+        self.pg.graph.values[v.0].cols
+    }
+
+    /// Whether the plan put `out` exactly on `input` (an in-place op).
+    pub(super) fn aliases(&self, out: ValueId, input: ValueId) -> bool {
+        out != input && self.pg.offsets[out.0] == self.pg.offsets[input.0]
+    }
+
+    /// My share of `0..n` with the given granule.
+    pub(super) fn share(&self, n: usize, granule: usize) -> std::ops::Range<usize> {
+        split_range(n, self.tid, self.n_threads, granule)
+    }
+
+    /// This thread's part of an op over `rows` rows of `cols` independent columns: its share
+    /// of the rows and every column (prefill), or, with fewer rows than threads (decode), every
+    /// row and its share of the columns in whole `granule`s — one token's elementwise ops would
+    /// otherwise run on one thread while the others wait.
+    pub(super) fn share_rows_or_cols(
+        &self,
+        rows: usize,
+        cols: usize,
+        granule: usize,
+    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        if rows >= self.n_threads {
+            (self.share(rows, 1), 0..cols)
+        } else {
+            (0..rows, self.share(cols, granule))
+        }
+    }
+
+    /// Rows `rows` of f32 value `v`, read-only.
+    pub(super) fn input(&self, v: ValueId, rows: std::ops::Range<usize>) -> &[f32] {
+        let cols = self.cols(v);
+        // SAFETY: inputs are not written during the op (module docs, fact 2).
+        unsafe {
+            self.exec.arena.slice::<f32>(
+                self.pg.offsets[v.0] + rows.start * cols * 4,
+                rows.len() * cols,
+            )
+        }
+    }
+
+    /// Raw rows of a quantized value, read-only.
+    pub(super) fn input_bytes(&self, v: ValueId, rows: std::ops::Range<usize>) -> &[u8] {
+        let rb = self.pg.graph.values[v.0].row_bytes();
+        // SAFETY: as `input`.
+        unsafe {
+            self.exec
+                .arena
+                .slice::<u8>(self.pg.offsets[v.0] + rows.start * rb, rows.len() * rb)
+        }
+    }
+
+    /// Elements `range` of row `row` of f32 value `v`, for writing.
+    #[allow(clippy::mut_from_ref)]
+    pub(super) fn output(
+        &self,
+        v: ValueId,
+        row: usize,
+        range: std::ops::Range<usize>,
+    ) -> &mut [f32] {
+        let cols = self.cols(v);
+        debug_assert!(range.end <= cols);
+        // SAFETY: each thread asks only for its own disjoint part of the output (fact 2), and
+        // the output does not overlap any input (fact 1).
+        unsafe {
+            self.exec.arena.slice_mut::<f32>(
+                self.pg.offsets[v.0] + (row * cols + range.start) * 4,
+                range.len(),
+            )
+        }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    pub(super) fn output_bytes(&self, v: ValueId, row: usize) -> &mut [u8] {
+        let rb = self.pg.graph.values[v.0].row_bytes();
+        // SAFETY: as `output`; a thread writes only its own rows.
+        unsafe {
+            self.exec
+                .arena
+                .slice_mut::<u8>(self.pg.offsets[v.0] + row * rb, rb)
+        }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    pub(super) fn scratch(&self) -> &mut [f32] {
+        let per = self.exec.scratch_per_thread;
+        // SAFETY: each thread uses only its own scratch slot.
+        unsafe { self.exec.scratch.slice_mut::<f32>(self.tid * per, per / 4) }
+    }
+
+    /// Runs this thread's share of `op`.
+    pub(super) fn run(&self, op: &Op) {
+        match *op {
+            Op::Embed { table, out } => self.embed(table, out),
+            Op::RmsNorm {
+                x,
+                weight,
+                eps,
+                out,
+            } => self.rms_norm(x, weight, eps, out),
+            Op::Quantize { x, out } => self.quantize(x, out),
+            Op::MatMul { weight, x, out } => self.matmul(weight, x, out),
+            Op::Rope {
+                x,
+                head_dim,
+                rope,
+                freq_factors,
+                out,
+            } => self.rope(x, head_dim, rope, freq_factors, out),
+            Op::StoreKv {
+                k,
+                v,
+                layer,
+                head_dim,
+            } => self.store_kv(k, v, layer, head_dim),
+            Op::Attention(a) => self.attention_op(a),
+            Op::Add { a, b, out } => self.add(a, b, out),
+            Op::SwiGlu { gate, up, out } => self.swiglu(gate, up, out),
+            Op::TakeLast { x, out } => self.take_last(x, out),
+            Op::AddTableRow { x, table, row, out } => self.add_table_row(x, table, row, out),
+            Op::LayerNorm {
+                x,
+                weight,
+                bias,
+                eps,
+                out,
+            } => self.layer_norm(x, weight, bias, eps, out),
+            Op::Gelu { x, out } => self.gelu(x, out),
+            Op::EncoderAttention {
+                q,
+                k,
+                v,
+                n_head,
+                head_dim,
+                scale,
+                out,
+            } => self.encoder_attention(q, k, v, n_head, head_dim, scale, out),
+            Op::Pool { x, pooling, out } => self.pool(x, pooling, out),
+            Op::AddBias { x, bias, out } => {
+                let b = self.model.weight_f32(bias);
+                self.unary(x, out, |c, v| v + b[c]);
+            }
+            Op::Scale { x, factor, out } => self.unary(x, out, |_, v| v * factor),
+            Op::SoftCap { x, cap, out } => {
+                let inv = 1.0 / cap;
+                self.unary(x, out, |_, v| (v * inv).tanh() * cap);
+            }
+            Op::HeadRmsNorm {
+                x,
+                weight,
+                eps,
+                head_dim,
+                out,
+            } => self.head_rms_norm(x, weight, eps, head_dim, out),
+            Op::GeGlu { gate, up, out } => self.geglu(gate, up, out),
+            Op::Columns { x, start, out } => self.columns(x, start, out),
+        }
+    }
+}

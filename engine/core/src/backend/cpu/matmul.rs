@@ -1,0 +1,117 @@
+//! The CPU executor's matrix products: a decode step streams each thread's share of the weight
+//! rows once (claiming chunks, and stealing the last ones, where a share is large); prefill
+//! runs rows in chunks that stay in cache while 8 or 4 tokens at a time use them.
+
+use edge_kernels::cpu::{MATVEC_TOKENS, MATVEC_TOKENS8};
+use edge_kernels::steal;
+
+use super::exec::OpCtx;
+use crate::graph::{ValueId, WeightId};
+
+impl OpCtx<'_> {
+    /// Tokens `t0..` of a matmul in groups of `N` through `kernel` (a multi-token entry of
+    /// [`edge_kernels::Kernels`]: activations `xq` in rows of `xrb` bytes, outputs rows `rows` of `out`),
+    /// while whole groups remain and the kernel takes them; returns the first token left.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn token_groups<const N: usize>(
+        &self,
+        out: ValueId,
+        xq: &[u8],
+        xrb: usize,
+        t0: usize,
+        n_tok: usize,
+        rows: &std::ops::Range<usize>,
+        kernel: impl Fn([&[u8]; N], [&mut [f32]; N]) -> bool,
+    ) -> usize {
+        let mut t = t0;
+        while t + N <= n_tok {
+            let xs: [&[u8]; N] = std::array::from_fn(|k| &xq[(t + k) * xrb..(t + k + 1) * xrb]);
+            let ys: [&mut [f32]; N] =
+                std::array::from_fn(|k| self.output(out, t + k, rows.clone()));
+            if !kernel(xs, ys) {
+                break;
+            }
+            t += N;
+        }
+        t
+    }
+
+    /// out[t] = weight · x[t] for this thread's rows (`x` already quantized to the weight
+    /// type's activation type).
+    pub(super) fn matmul(&self, weight: WeightId, x: ValueId, out: ValueId) {
+        /// Weight rows per chunk: small enough to stay in L1/L2 while every token uses them.
+        const ROWS_PER_CHUNK: usize = 16;
+        /// A decode matmul's chunks are this fraction of what is left of a share: long runs
+        /// of rows first (each thread streams its weights), short ones last (threads finish
+        /// together).
+        const DECODE_SHRINK: usize = 4;
+        /// ... but not below this many bytes of weights, where a call's own cost would show.
+        const DECODE_MIN_CHUNK_BYTES: usize = 32 << 10;
+        /// Below this many bytes of weights per thread, a decode matmul takes a few microseconds
+        /// and claiming costs more than it evens out (SmolLM2's matrices: 3% slower decode):
+        /// each thread then computes its share in one call.
+        const STEAL_MIN_SHARE_BYTES: usize = 1 << 20;
+        let w = self.model.weight(weight);
+        let bytes = self.model.weight_bytes(weight);
+        let n_tok = self.rows_of(out);
+        let xq = self.input_bytes(x, 0..n_tok);
+        let xrb = self.pg.graph.values[x.0].row_bytes();
+        if n_tok == 1 && self.n_threads > 1 && bytes.len() / self.n_threads >= STEAL_MIN_SHARE_BYTES
+        {
+            // Decode streams the weights once and is memory-bound: long chunks first keep each
+            // thread's reads sequential, and stealing the short last ones evens out the finish.
+            let min_rows = DECODE_MIN_CHUNK_BYTES
+                .div_ceil(bytes.len() / w.n_rows.max(1))
+                .max(1);
+            let plan = steal::ChunkPlan::guided(
+                w.n_rows,
+                self.n_threads,
+                ROWS_PER_CHUNK,
+                DECODE_SHRINK,
+                min_rows,
+            );
+            for rows in self.exec.claims.claimed(plan, self.tag, self.tid) {
+                let y = self.output(out, 0, rows.clone());
+                self.exec
+                    .kernels
+                    .matvec(w.ty, w.row_len, bytes, &xq[..xrb], rows, y);
+            }
+            return;
+        }
+        let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
+        // A small decode matmul streams the weights once: one call over the thread's whole
+        // share, so that the kernels' prefetching runs ahead across it without a break.
+        let chunk = if n_tok == 1 {
+            mine.len().max(1)
+        } else {
+            ROWS_PER_CHUNK
+        };
+        let mut start = mine.start;
+        while start < mine.end {
+            let end = (start + chunk).min(mine.end);
+            // Groups of 8 tokens where a kernel takes them (prefill), then of 4.
+            let rows = start..end;
+            let k = &self.exec.kernels;
+            let (wt, n) = (w.ty, w.row_len);
+            let mut t =
+                self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &rows, |xs, ys| {
+                    k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
+                });
+            t = self.token_groups::<{ MATVEC_TOKENS }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+                k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
+            });
+            for t in t..n_tok {
+                let y = self.output(out, t, start..end);
+                self.exec.kernels.matvec(
+                    w.ty,
+                    w.row_len,
+                    bytes,
+                    &xq[t * xrb..(t + 1) * xrb],
+                    start..end,
+                    y,
+                );
+            }
+            start = end;
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The interface every backend implements, and what a backend is given to open: the sizes a
+//! session's plan resolved.
+
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::kv::KvType;
+use crate::model::Model;
+use crate::plan::PlannedGraph;
+use crate::sampling::Sampler;
+
+/// Runs planned graphs on one device, over the arena and KV cache it allocated when it opened.
+pub trait Backend: Send {
+    /// Where it runs.
+    fn device(&self) -> Device;
+
+    /// What computes: the CPU kernel set (`scalar`, `avx2`, `avx512`, `neon`, `neon+dotprod`)
+    /// or `cuda`.
+    fn name(&self) -> &'static str;
+
+    /// Threads that run (CPU) or feed (GPU) it.
+    fn n_threads(&self) -> usize;
+
+    /// One line for logs: the threads and kernels, or the GPU, its kernel image and weight path.
+    fn description(&self) -> String;
+
+    /// Bytes of the KV cache it allocated.
+    fn kv_bytes(&self) -> u64;
+
+    /// Runs `graph` for `tokens` at positions `pos0..` and waits for it. The caller has checked
+    /// that the tokens fit the graph's ubatch and the cache and are in the vocabulary.
+    /// `decode`: this is the session's one-token graph, the same at every step (a GPU captures
+    /// it once and replays it).
+    fn run(
+        &mut self,
+        model: &Model,
+        graph: &PlannedGraph,
+        tokens: &[u32],
+        pos0: usize,
+        decode: bool,
+    ) -> Result<()>;
+
+    /// The output value of the last run of `graph` (a decoder's logits, an encoder's pooled
+    /// vector): one row. A GPU copies it to the host on the first call after a run.
+    fn output(&self, graph: &PlannedGraph) -> Result<&[f32]>;
+
+    /// The index of the largest output value of the last run (the first on ties, as
+    /// [`crate::sampling::argmax`]); a GPU computes it there and copies one id.
+    fn argmax(&self, graph: &PlannedGraph) -> Result<u32> {
+        Ok(crate::sampling::argmax(self.output(graph)?))
+    }
+
+    /// The next token from the last run's logits with `sampler`: the token
+    /// `sampler.sample(logits)` gives, the sampler's generator advanced the same way. A GPU
+    /// samples there when the settings allow and copies back one id.
+    fn sample(&self, graph: &PlannedGraph, sampler: &mut Sampler) -> Result<u32> {
+        Ok(sampler.sample(self.output(graph)?))
+    }
+
+    /// Drops the KV cache positions `keep..keep + n_discard` of the `n_past` held: the later
+    /// ones move down and their keys are rotated back by `n_discard` positions.
+    fn shift_context(
+        &mut self,
+        model: &Model,
+        n_past: usize,
+        keep: usize,
+        n_discard: usize,
+    ) -> Result<()>;
+}
+
+/// The sizes a backend's scratch depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Context (KV positions).
+    pub ctx: usize,
+    /// Tokens per prefill run.
+    pub ubatch: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Tiled attention.
+    pub flash_attn: bool,
+}
+
+/// What a backend allocates for one session: the sizes its plan resolved (a backend sees
+/// these, never the session).
+#[derive(Debug, Clone, Copy)]
+pub struct Allocation {
+    /// Where it runs.
+    pub device: Device,
+    /// Context (KV positions).
+    pub ctx: usize,
+    /// Tokens per prefill run.
+    pub ubatch: usize,
+    /// Threads.
+    pub threads: usize,
+    /// The KV cache's element type.
+    pub kv_type: KvType,
+    /// Tiled attention.
+    pub flash_attn: bool,
+    /// Bytes of the arena (the largest of the session's graphs' plans).
+    pub arena_bytes: usize,
+    /// Bytes of the KV cache.
+    pub kv_bytes: usize,
+    /// Bytes of scratch ([`crate::backend::scratch_bytes`]).
+    pub scratch_bytes: usize,
+    /// CUDA: how the weights reach the device (`None`: the backend chooses).
+    pub cuda_weights: Option<super::cuda::host::WeightPath>,
+}
+
+/// The error of a backend that failed to allocate: what, and the fix.
+pub(crate) fn allocation_error(what: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::OutOfMemory(format!("cannot allocate the {what}: {e}").into())
+}

@@ -1,0 +1,373 @@
+//! A session: one conversation's state over a shared [`Model`]: its KV cache and its arena
+//! (allocated once, as planned before the first token: [`plan`]) on a [`Backend`], and its
+//! position in the conversation. Generation on a session is [`crate::generate`].
+
+pub mod plan;
+
+use std::sync::Arc;
+
+use edge_kernels::Kernels;
+
+use crate::backend::{self, Backend};
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::model::Model;
+use crate::plan::{MemoryReport, PlannedGraph};
+pub use plan::{SessionConfig, SessionPlan, DEFAULT_CTX, DEFAULT_UBATCH, MAX_THREADS};
+
+/// What a session does when a run needs more positions than its context holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextPolicy {
+    /// Refuse the run with [`EngineError::ContextFull`] (the default): the caller decides.
+    #[default]
+    Stop,
+    /// Shift the context as llama.cpp's `--context-shift` does: keep the first `keep`
+    /// positions (e.g. 1 for the BOS token, or the tokens of a system prompt), drop the oldest
+    /// half of the rest, move the remaining positions down and re-rotate their keys, then go
+    /// on. The model then no longer sees the dropped tokens.
+    Shift {
+        /// Positions at the start that are never dropped.
+        keep: usize,
+    },
+}
+
+/// One conversation's state: KV cache, arena, threads; the model is shared.
+pub struct Session {
+    model: Arc<Model>,
+    backend: Box<dyn Backend>,
+    ctx: usize,
+    decode: PlannedGraph,
+    prefill: Option<PlannedGraph>,
+    ubatch: usize,
+    n_past: usize,
+    report: MemoryReport,
+    /// Whether the last run produced logits that can be read.
+    has_logits: bool,
+    last_graph_is_prefill: bool,
+    policy: ContextPolicy,
+    /// Context shifts done since the last reset.
+    n_shifts: usize,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("ctx", &self.ctx)
+            .field("ubatch", &self.ubatch)
+            .field("n_past", &self.n_past)
+            .finish()
+    }
+}
+
+impl Session {
+    /// Opens a session: builds and plans the graphs ([`SessionPlan`]), then allocates the KV
+    /// cache and the arena, once.
+    pub fn new(model: Arc<Model>, cfg: &SessionConfig) -> Result<Session> {
+        let plan = SessionPlan::new(&model, cfg)?;
+        Session::from_plan(model, plan)
+    }
+
+    /// Opens a session from a plan made for this model (e.g. by
+    /// [`SessionPlan::within_budget`]): allocates exactly what the plan's report says.
+    pub fn from_plan(model: Arc<Model>, plan: SessionPlan) -> Result<Session> {
+        Session::from_plan_with_kernels(model, plan, Kernels::detect())
+    }
+
+    /// [`Session::from_plan`] with the given kernels instead of [`Kernels::detect`]'s (to run
+    /// one instruction set in tests and benchmarks without `EDGE_RUN_ISA`).
+    pub fn from_plan_with_kernels(
+        model: Arc<Model>,
+        plan: SessionPlan,
+        kernels: Kernels,
+    ) -> Result<Session> {
+        let p = &model.params;
+        if plan.ctx > p.n_ctx_train {
+            log::warn!(
+                "context {} is larger than the {} tokens the model was trained for; quality may drop",
+                plan.ctx,
+                p.n_ctx_train
+            );
+        }
+        let report = plan.report;
+        let backend = backend::open(&model, &plan.allocation(), kernels)?;
+        log::info!(
+            "session: ctx {}, ubatch {}, {}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
+            plan.ctx,
+            plan.ubatch,
+            backend.description(),
+            report.kv_bytes as f64 / 1048576.0,
+            report.arena_bytes as f64 / 1048576.0,
+            report.arena_lower_bound_bytes as f64 / 1048576.0,
+            report.scratch_bytes / 1024
+        );
+        Ok(Session {
+            model,
+            backend,
+            ctx: plan.ctx,
+            decode: plan.decode,
+            prefill: plan.prefill,
+            ubatch: plan.ubatch,
+            n_past: 0,
+            report,
+            has_logits: false,
+            last_graph_is_prefill: false,
+            policy: ContextPolicy::Stop,
+            n_shifts: 0,
+        })
+    }
+
+    /// The model this session runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Context size in tokens.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Tokens per prefill run.
+    pub fn ubatch(&self) -> usize {
+        self.ubatch
+    }
+
+    /// Threads per op (a CUDA session's threads only feed the GPU).
+    pub fn n_threads(&self) -> usize {
+        self.backend.n_threads()
+    }
+
+    /// Where the session runs.
+    pub fn device(&self) -> Device {
+        self.backend.device()
+    }
+
+    /// What computes: the CPU kernel set (`avx2`, `scalar`) or `cuda`.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Positions already in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// The session's memory, from its plan.
+    pub fn memory(&self) -> MemoryReport {
+        self.report
+    }
+
+    /// Forgets the conversation (the KV cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+        self.has_logits = false;
+        self.n_shifts = 0;
+    }
+
+    /// What to do when the context is full ([`ContextPolicy::Stop`] unless set).
+    pub fn context_policy(&self) -> ContextPolicy {
+        self.policy
+    }
+
+    /// Sets what to do when the context is full; applies to the following runs.
+    pub fn set_context_policy(&mut self, policy: ContextPolicy) {
+        self.policy = policy;
+    }
+
+    /// Context shifts done since the session was opened or reset.
+    pub fn n_shifts(&self) -> usize {
+        self.n_shifts
+    }
+
+    /// Drops `n_discard` positions after the first `keep` ones: the later positions move down
+    /// and their keys are re-rotated (see [`KvCache::shift`]); [`Session::n_past`] drops by
+    /// `n_discard`. The logits of the last run stay readable. [`ContextPolicy::Shift`] calls this
+    /// with half of the positions after `keep` when a run would overflow the context.
+    pub fn shift_context(&mut self, keep: usize, n_discard: usize) -> Result<()> {
+        if keep
+            .checked_add(n_discard)
+            .is_none_or(|end| end > self.n_past)
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "context shift: cannot drop {n_discard} positions after the first {keep}: only {} are in the context",
+                self.n_past
+            )));
+        }
+        if let Some(reason) = self.model.context_shift_unsupported() {
+            return Err(EngineError::Unsupported(reason));
+        }
+        self.backend
+            .shift_context(&self.model, self.n_past, keep, n_discard)?;
+        self.n_past -= n_discard;
+        self.n_shifts += 1;
+        Ok(())
+    }
+
+    /// Under [`ContextPolicy::Shift`], shifts until `n` more positions fit (a no-op when they
+    /// already do, or under [`ContextPolicy::Stop`]).
+    fn make_room(&mut self, n: usize, what: &'static str) -> Result<()> {
+        let ContextPolicy::Shift { keep } = self.policy else {
+            return Ok(());
+        };
+        while self.n_past + n > self.ctx() {
+            let keep = keep.min(self.n_past);
+            let n_discard = (self.n_past - keep) / 2;
+            if n_discard == 0 {
+                return Err(EngineError::ContextShift {
+                    what,
+                    needed: n,
+                    keep,
+                    ctx: self.ctx(),
+                });
+            }
+            self.shift_context(keep, n_discard)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens` to the context, in chunks of the ubatch, and returns the logits of the
+    /// last one.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.advance_as(tokens, "prompt")?;
+        self.try_logits()
+    }
+
+    /// Appends one token and returns the logits for the next.
+    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
+        self.advance_as(&[token], "generation")?;
+        self.try_logits()
+    }
+
+    /// Appends `tokens` (in chunks of the ubatch) without fetching the logits: on a GPU they
+    /// stay on the device until [`Session::logits`] or [`Session::argmax`] asks.
+    pub fn advance(&mut self, tokens: &[u32]) -> Result<()> {
+        let what = if tokens.len() == 1 && self.n_past > 0 {
+            "generation"
+        } else {
+            "prompt"
+        };
+        self.advance_as(tokens, what)
+    }
+
+    fn advance_as(&mut self, tokens: &[u32], what: &'static str) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidArgument(
+                "nothing to process: the prompt has no tokens".into(),
+            ));
+        }
+        self.check_vocab(tokens)?;
+        if let ContextPolicy::Shift { keep } = self.policy {
+            // Shifting only drops context already processed: a prompt itself (and the kept
+            // tokens) must fit. A generated token that cannot is make_room's error (--keep).
+            let kept = keep.min(self.n_past);
+            if what == "prompt" && kept + tokens.len() > self.ctx() {
+                return Err(EngineError::ContextFull {
+                    what,
+                    needed: kept + tokens.len(),
+                    ctx: self.ctx(),
+                    max: self.model.params.n_ctx_train,
+                });
+            }
+        } else {
+            // Refused before anything runs: a prompt is processed whole or not at all.
+            self.check_fits(tokens.len(), what)?;
+        }
+        let ubatch = self.ubatch;
+        for chunk in tokens.chunks(ubatch) {
+            self.make_room(chunk.len(), what)?;
+            self.check_fits(chunk.len(), what)?;
+            self.run(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// The most likely next token after the last run (the first on ties), as
+    /// [`crate::sampling::argmax`] of the logits. On a GPU it is computed there and only the id
+    /// is copied back.
+    pub fn argmax(&self) -> Result<u32> {
+        if !self.has_logits {
+            return Err(EngineError::InvalidArgument(
+                "no logits yet: process some tokens first".into(),
+            ));
+        }
+        self.backend.argmax(self.last_graph())
+    }
+
+    /// The next token from the last run's logits with `sampler`: the token
+    /// `sampler.sample(self.logits())` gives, with the sampler's generator advanced the same way.
+    /// On a GPU the logits stay there when the sampler allows it
+    /// ([`crate::sampling::Sampler::device_sampling`]: no active repetition penalty, top-k at
+    /// most the CUDA backend's `SAMPLE_MAX_TOP_K`): greedy settings use the device argmax, others the
+    /// device sampler (same arithmetic as the CPU's, fed the CPU generator's uniform draw), and
+    /// only the token id is copied back. Otherwise, and on the CPU, the logits are sampled here.
+    pub fn sample(&mut self, sampler: &mut crate::sampling::Sampler) -> Result<u32> {
+        if !self.has_logits {
+            return Err(EngineError::InvalidArgument(
+                "no logits yet: process some tokens first".into(),
+            ));
+        }
+        self.backend.sample(self.last_graph(), sampler)
+    }
+
+    /// Logits of the last processed position (empty before any run, or if copying them from
+    /// the device failed; [`Session::prefill`] and [`Session::step`] report such errors).
+    pub fn logits(&self) -> &[f32] {
+        self.try_logits().unwrap_or_else(|e| {
+            log::error!("{e}");
+            &[]
+        })
+    }
+
+    fn try_logits(&self) -> Result<&[f32]> {
+        if !self.has_logits {
+            return Ok(&[]);
+        }
+        self.backend.output(self.last_graph())
+    }
+
+    /// The graph of the last run.
+    fn last_graph(&self) -> &PlannedGraph {
+        if self.last_graph_is_prefill {
+            self.prefill.as_ref().unwrap_or(&self.decode)
+        } else {
+            &self.decode
+        }
+    }
+
+    fn check_vocab(&self, tokens: &[u32]) -> Result<()> {
+        let n_vocab = self.model.params.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab} tokens"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_fits(&self, n: usize, what: &'static str) -> Result<()> {
+        if self.n_past + n > self.ctx() {
+            return Err(EngineError::ContextFull {
+                what,
+                needed: self.n_past + n,
+                ctx: self.ctx(),
+                max: self.model.params.n_ctx_train,
+            });
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, chunk: &[u32]) -> Result<()> {
+        let use_prefill = chunk.len() > 1;
+        let pg = if use_prefill {
+            self.prefill.as_ref().unwrap_or(&self.decode)
+        } else {
+            &self.decode
+        };
+        self.has_logits = false;
+        self.backend
+            .run(&self.model, pg, chunk, self.n_past, !use_prefill)?;
+        self.n_past += chunk.len();
+        self.has_logits = true;
+        self.last_graph_is_prefill = use_prefill && self.prefill.is_some();
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! Elementwise activations of the feed-forward blocks and soft-capping, as ggml computes them.
+
+use half::f16;
+
+/// One row of `silu(gate) * up` with ggml's SiLU (its own exp polynomial; see
+/// [`super::ggml_order`]), with hardware FMA where the CPU has it (the same exactly rounded
+/// results either way: without it every `mul_add` is a call to libm's `fmaf`).
+pub fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports FMA (checked), the only feature it enables.
+        return unsafe { swiglu_row_fma(gate, up, out) };
+    }
+    swiglu_row_body(gate, up, out)
+}
+
+/// [`swiglu_row`] with the gate in `x`, overwritten by the result (an in-place op).
+pub fn swiglu_row_inplace(x: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports FMA (checked), the only feature it enables.
+        return unsafe { swiglu_row_inplace_fma(x, up) };
+    }
+    swiglu_row_inplace_body(x, up)
+}
+
+#[inline(always)]
+fn swiglu_row_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = super::ggml_order::silu(g) * u;
+    }
+}
+
+#[inline(always)]
+fn swiglu_row_inplace_body(x: &mut [f32], up: &[f32]) {
+    for (o, &u) in x.iter_mut().zip(up) {
+        *o = super::ggml_order::silu(*o) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn swiglu_row_fma(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    swiglu_row_body(gate, up, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn swiglu_row_inplace_fma(x: &mut [f32], up: &[f32]) {
+    swiglu_row_inplace_body(x, up)
+}
+
+/// ggml's GELU (tanh approximation) of the gate times `up`, as its CPU GeGLU computes it: the
+/// gate rounded to f16, GELU from a table of f16 results, 0 below -10 and the identity above 10.
+#[inline(always)]
+pub fn geglu(gate: f32, up: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    if gate <= -10.0 {
+        0.0
+    } else if gate >= 10.0 {
+        gate * up
+    } else {
+        let x = f16::from_f32(gate).to_f32();
+        let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh());
+        f16::from_f32(g).to_f32() * up
+    }
+}
+
+/// `cap * tanh(score / cap)` as ggml computes it (scale by 1/cap, tanh, scale by cap), or the
+/// score unchanged without a cap.
+#[inline(always)]
+pub fn soft_cap(score: f32, cap: Option<f32>) -> f32 {
+    match cap {
+        Some(c) => (score * (1.0 / c)).tanh() * c,
+        None => score,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Rng;
+
+    /// The in-place and the out-of-place SwiGLU give the same bits, and both equal
+    /// `silu(g) * u` computed one element at a time.
+    #[test]
+    fn swiglu_in_place_equals_out_of_place() {
+        let mut r = Rng::new(5);
+        for n in [1usize, 7, 16, 33] {
+            let (g, u) = (r.vec(n, 8.0), r.vec(n, 2.0));
+            let mut out = vec![0.0; n];
+            swiglu_row(&g, &u, &mut out);
+            let mut x = g.clone();
+            swiglu_row_inplace(&mut x, &u);
+            assert_eq!(out, x);
+            for i in 0..n {
+                let want = super::super::ggml_order::silu(g[i]) * u[i];
+                assert!((out[i] - want).abs() <= want.abs() * 1e-6, "{n} {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn soft_cap_bounds_and_passes_through() {
+        assert_eq!(soft_cap(3.0, None), 3.0);
+        assert!(soft_cap(1e6, Some(30.0)) <= 30.0);
+        assert!((soft_cap(0.5, Some(50.0)) - 0.5).abs() < 1e-4);
+        assert_eq!(geglu(-11.0, 2.0), 0.0);
+        assert_eq!(geglu(11.0, 2.0), 22.0);
+    }
+}

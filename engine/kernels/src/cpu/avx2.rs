@@ -1,0 +1,440 @@
+//! x86_64 AVX2 + FMA + F16C kernels.
+//!
+//! Every kernel here is an `unsafe fn` with `#[target_feature]`; the safe wrappers at the bottom
+//! take a [`Token`] (from `x86.rs`, with the small helpers shared with the other x86 files),
+//! which exists only once the CPU features were detected. Where the token allows it, the
+//! wrappers dispatch to the AVX-512 kernels of `avx512.rs` (this file depends on that one, never
+//! the reverse).
+//!
+//! The dots are the scalar references regrouped: each block's integer products are exact, but are
+//! summed as 8 f32 lanes (scaled by `d_w * d_x`) instead of one f32, so results may differ from the
+//! scalar reference in the last bits. The quantizers are bit-identical to the scalar references.
+
+use std::arch::x86_64::*;
+
+use super::block::{f16_le_bytes, QK};
+use super::q4_0::BlockQ4_0;
+use super::q4_1::BlockQ4_1;
+use super::q8_0::BlockQ8_0;
+use super::q8_1::BlockQ8_1;
+use super::rounding::Q8Rounding;
+use super::x86::{hsum, load_q8, nibbles, prefetch_stream, Token};
+
+/// Converts the two f16 pairs `(a0, a1)` and `(b0, b1)` (each as 4 little-endian bytes) to
+/// `[a0, a1, b0, b1]` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x4(a: [u8; 4], b: [u8; 4]) -> __m128 {
+    let v = _mm_set_epi32(0, 0, i32::from_le_bytes(b), i32::from_le_bytes(a));
+    _mm_cvtph_ps(v)
+}
+
+/// Q4_1 . Q8_1. Per block: `maddubs` (u8 nibble x i8 quant, pair sums <= 2*15*128, no i16
+/// saturation) then `madd` with ones -> 8 exact i32 partial sums, scaled by `d_w*d_x` into f32
+/// lanes; `m_w * s_x` is accumulated separately.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_q8_1_impl(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+    let ones = _mm256_set1_epi16(1);
+    // One accumulator, lanes = elements 4k..4k+3, `m*s` summed apart and added last: ggml's
+    // order, so results match llama.cpp's bit for bit (see ggml_order).
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        prefetch_stream(bw);
+        let h = f16x4(
+            [bw.d[0], bw.d[1], bw.m[0], bw.m[1]],
+            [bx.d[0], bx.d[1], bx.s[0], bx.s[1]],
+        );
+        // [d_w*d_x, m_w*s_x, ..]
+        let p = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+        acc_m = _mm_add_ps(acc_m, p);
+        let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(&bw.qs), load_q8(&bx.qs)), ones);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(prod), acc);
+    }
+    let m = _mm_cvtss_f32(_mm_shuffle_ps(acc_m, acc_m, 1));
+    hsum(acc) + m
+}
+
+/// Q4_0 . Q8_0: `sum (q - 8) * x = sum q*x - 8 * sum x`, both with `maddubs` on unsigned left
+/// operands (exact for every i8 activation, including -128).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_q8_0_impl(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+    let ones = _mm256_set1_epi16(1);
+    let eights = _mm256_set1_epi8(8);
+    let mut acc = _mm256_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        prefetch_stream(bw);
+        let h = f16x4([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
+        let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
+        let y = load_q8(&bx.qs);
+        // Pair sums: |q*x| pairs <= 2*15*128 and 2*8*128; their difference fits i16.
+        let qx = _mm256_maddubs_epi16(nibbles(&bw.qs), y);
+        let ex = _mm256_maddubs_epi16(eights, y);
+        let prod = _mm256_madd_epi16(_mm256_sub_epi16(qx, ex), ones);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc);
+    }
+    hsum(acc)
+}
+
+/// Q8_0 . Q8_0: both sides sign-extended to i16 and multiplied with `madd` (exact for all i8
+/// values, unlike the `sign`/`maddubs` trick which breaks on -128 * -128).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    // ggml's lanes hold elements 4k..4k+3; `hadd` of the pair sums then a lane permute gives
+    // exactly those groups.
+    let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    for (bw, bx) in w.iter().zip(x) {
+        prefetch_stream(bw);
+        let h = f16x4([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
+        let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
+        let a8 = load_q8(&bw.qs);
+        let b8 = load_q8(&bx.qs);
+        let lo = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a8)),
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b8)),
+        );
+        let hi = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a8, 1)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b8, 1)),
+        );
+        let prod = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), order);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc);
+    }
+    hsum(acc)
+}
+
+// ---- one weight row against several activation rows (prefill) ----
+//
+// Each token's accumulators see exactly the operations, in the order, of the one-row kernels
+// above, so the results are bit-identical to them; what is shared is the weight block's loading
+// and unpacking, and the independent accumulators keep the FMA units busy instead of waiting
+// on one dependency chain.
+
+/// [`dot_q4_1_q8_1_impl`] of one weight row with 4 activation rows. The four tokens' scale
+/// products are formed in one register, `[d_w*d_x0, m_w*s_x0, d_w*d_x1, m_w*s_x1, ..]`, each lane
+/// the same single f32 product the one-row kernel forms, and the `m*s` lanes are summed in one
+/// register, each lane with the one-row kernel's sequence of additions.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_q8_1_x4_impl(w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_m = _mm256_setzero_ps();
+    let lanes = [
+        _mm256_set1_epi32(0),
+        _mm256_set1_epi32(2),
+        _mm256_set1_epi32(4),
+        _mm256_set1_epi32(6),
+    ];
+    let ds = |a: [u8; 2], b: [u8; 2]| i32::from_le_bytes([a[0], a[1], b[0], b[1]]);
+    for (i, bw) in w.iter().enumerate() {
+        let q = nibbles(&bw.qs);
+        let wdm = _mm256_cvtph_ps(_mm_set1_epi32(ds(bw.d, bw.m)));
+        // SAFETY: i < w.len() <= x[t].len() (caller).
+        let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+        let xds = _mm256_cvtph_ps(_mm_setr_epi32(
+            ds(bx[0].d, bx[0].s),
+            ds(bx[1].d, bx[1].s),
+            ds(bx[2].d, bx[2].s),
+            ds(bx[3].d, bx[3].s),
+        ));
+        let p = _mm256_mul_ps(wdm, xds);
+        acc_m = _mm256_add_ps(acc_m, p);
+        for t in 0..4 {
+            let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load_q8(&bx[t].qs)), ones);
+            let d = _mm256_permutevar8x32_ps(p, lanes[t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut m = [0.0f32; 8];
+    // SAFETY: `m` has 8 f32; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_ps(m.as_mut_ptr(), acc_m) };
+    let mut out = [0.0f32; 4];
+    for t in 0..4 {
+        out[t] = hsum(acc[t]) + m[2 * t + 1];
+    }
+    out
+}
+
+/// [`dot_q4_0_q8_0_impl`] of one weight row with `N` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_q8_0_xn_impl<const N: usize>(w: &[BlockQ4_0], x: [&[BlockQ8_0]; N]) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let eights = _mm256_set1_epi8(8);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        let q = nibbles(&bw.qs);
+        let dw = f16x4([bw.d[0], bw.d[1], 0, 0], [0; 4]);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let d = _mm_mul_ss(dw, f16x4([bx.d[0], bx.d[1], 0, 0], [0; 4]));
+            let y = load_q8(&bx.qs);
+            let qx = _mm256_maddubs_epi16(q, y);
+            let ex = _mm256_maddubs_epi16(eights, y);
+            let prod = _mm256_madd_epi16(_mm256_sub_epi16(qx, ex), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
+/// [`dot_q8_0_q8_0_impl`] of one weight row with `N` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_xn_impl<const N: usize>(w: &[BlockQ8_0], x: [&[BlockQ8_0]; N]) -> [f32; N] {
+    let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, bw) in w.iter().enumerate() {
+        let a8 = load_q8(&bw.qs);
+        let a_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a8));
+        let a_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a8, 1));
+        let dw = f16x4([bw.d[0], bw.d[1], 0, 0], [0; 4]);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let d = _mm_mul_ss(dw, f16x4([bx.d[0], bx.d[1], 0, 0], [0; 4]));
+            let b8 = load_q8(&bx.qs);
+            let lo = _mm256_madd_epi16(a_lo, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b8)));
+            let hi = _mm256_madd_epi16(a_hi, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b8, 1)));
+            let prod = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), order);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
+/// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same
+/// flavour: returns the f32 `d` and the quants as i32 in 4 vectors of 8 (element order).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_block(x: &[f32], r: Q8Rounding) -> (f32, [__m256i; 4]) {
+    debug_assert_eq!(x.len(), QK);
+    // SAFETY: `x` has 32 floats (callers pass `chunks_exact(32)`); loadu needs no alignment.
+    let v = [
+        _mm256_loadu_ps(x.as_ptr()),
+        _mm256_loadu_ps(x.as_ptr().add(8)),
+        _mm256_loadu_ps(x.as_ptr().add(16)),
+        _mm256_loadu_ps(x.as_ptr().add(24)),
+    ];
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_andnot_ps(sign, v[0]);
+    for vi in &v[1..] {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
+    }
+    let amax = hmax(m);
+    // The same f32 operations as the scalar code, so the same d and id.
+    let (d, id) = super::q8_0::scale(amax, r);
+    let idv = _mm256_set1_ps(id);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    let mut q = [_mm256_setzero_si256(); 4];
+    for (qi, vi) in q.iter_mut().zip(v) {
+        let s = _mm256_mul_ps(vi, idv);
+        let rounded = if r == Q8Rounding::GgmlRef {
+            // roundf: truncate, then step away from zero when the dropped fraction is >= 0.5.
+            // The fraction `s - trunc(s)` is exact for |s| < 2^23.
+            let t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(s, t));
+            let up = _mm256_cmp_ps(frac, half, _CMP_GE_OQ);
+            let step = _mm256_or_ps(_mm256_and_ps(s, sign), one); // +-1 with the sign of s
+            _mm256_add_ps(t, _mm256_and_ps(up, step))
+        } else {
+            _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+        };
+        *qi = _mm256_cvtps_epi32(rounded);
+    }
+    (d, q)
+}
+
+/// Horizontal max of 8 non-negative, non-NaN f32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hmax(v: __m256) -> f32 {
+    let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Packs 32 i32 quants (4 vectors, element order, each in [-127, 127]) into 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_store(q: [__m256i; 4], out: &mut [i8; 32]) {
+    // packs work per 128-bit lane: after both steps the 4-byte groups are in the order
+    // 0 2 4 6 1 3 5 7; the permute restores element order.
+    let a = _mm256_packs_epi32(q[0], q[1]);
+    let b = _mm256_packs_epi32(q[2], q[3]);
+    let p = _mm256_packs_epi16(a, b);
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: `out` is 32 writable bytes; storeu has no alignment requirement.
+    _mm256_storeu_si256(out.as_mut_ptr().cast(), p);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_row_q8_0_impl(src: &[f32], dst: &mut [BlockQ8_0], r: Q8Rounding) {
+    for (x, y) in src.chunks_exact(QK).zip(dst) {
+        let (d, q) = quantize_block(x, r);
+        y.d = f16_le_bytes(d);
+        pack_store(q, &mut y.qs);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_row_q8_1_impl(src: &[f32], dst: &mut [BlockQ8_1], r: Q8Rounding) {
+    for (x, y) in src.chunks_exact(QK).zip(dst) {
+        let (d, q) = quantize_block(x, r);
+        y.d = f16_le_bytes(d);
+        let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        let sum = _mm_cvtsi128_si32(s);
+        y.s = f16_le_bytes(sum as f32 * d);
+        pack_store(q, &mut y.qs);
+    }
+}
+
+// Safe wrappers. SAFETY (all of them): a `Token` exists only after `Token::detect` confirmed AVX2,
+// FMA and F16C on this CPU, so the target features the kernels are compiled for are present.
+
+pub(super) fn dot_q4_1_q8_1(t: Token, w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+    assert!(x.len() >= w.len(), "activation row too short");
+    if t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q4_1_q8_1(w, x) };
+    }
+    // SAFETY: see above.
+    unsafe { dot_q4_1_q8_1_impl(w, x) }
+}
+
+pub(super) fn dot_q4_0_q8_0(_: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    // SAFETY: see above.
+    unsafe { dot_q4_0_q8_0_impl(w, x) }
+}
+
+pub(super) fn dot_q8_0_q8_0(t: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    assert!(x.len() >= w.len(), "activation row too short");
+    if t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q8_0_q8_0(w, x) };
+    }
+    // SAFETY: see above.
+    unsafe { dot_q8_0_q8_0_impl(w, x) }
+}
+
+/// [`dot_q4_1_q8_1`] of a weight row with 8 activation rows (bit-identical to 8 calls), with
+/// the AVX-512 VNNI kernel.
+///
+/// # Panics
+/// If `t` is not an AVX-512 token or an activation row is shorter than the weight row.
+pub(super) fn dot_q4_1_q8_1_x8(t: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 8]) -> [f32; 8] {
+    assert!(t.avx512(), "the 8-token kernel needs an AVX-512 token");
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+    unsafe { super::avx512::dot_q4_1_q8_1_x8(w, x) }
+}
+
+/// [`dot_q4_1_q8_1`] of two weight rows (bit-identical to two calls), with the AVX-512 VNNI
+/// kernel.
+///
+/// # Panics
+/// If `t` is not an AVX-512 token, the rows differ in length or the activation is shorter.
+pub(super) fn dot_q4_1_q8_1_rows2(t: Token, w: [&[BlockQ4_1]; 2], x: &[BlockQ8_1]) -> [f32; 2] {
+    assert!(t.avx512(), "the two-row kernel needs an AVX-512 token");
+    assert!(
+        w[0].len() == w[1].len() && x.len() >= w[0].len(),
+        "row lengths differ"
+    );
+    // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+    unsafe { super::avx512::dot_q4_1_q8_1_rows2(w, x) }
+}
+
+/// [`dot_q8_0_q8_0`] of two weight rows: see [`dot_q4_1_q8_1_rows2`].
+///
+/// # Panics
+/// If `t` is not an AVX-512 token, the rows differ in length or the activation is shorter.
+pub(super) fn dot_q8_0_q8_0_rows2(t: Token, w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0]) -> [f32; 2] {
+    assert!(t.avx512(), "the two-row kernel needs an AVX-512 token");
+    assert!(
+        w[0].len() == w[1].len() && x.len() >= w[0].len(),
+        "row lengths differ"
+    );
+    // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+    unsafe { super::avx512::dot_q8_0_q8_0_rows2(w, x) }
+}
+
+/// The one-row dots of a weight row with `N` activation rows at once (bit-identical to `N`
+/// calls of the one-row kernel). Panics if an activation row is shorter than the weight row.
+pub(super) fn dot_q4_1_q8_1_x4(t: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    if t.avx512() {
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        return unsafe { super::avx512::dot_q4_1_q8_1_x4(w, x) };
+    }
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_1_q8_1_x4_impl(w, x) }
+}
+
+/// See [`dot_q4_1_q8_1_x4`].
+pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
+    t: Token,
+    w: &[BlockQ4_0],
+    x: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    if t.avx512() && N == 4 {
+        let x4: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| x[k]);
+        // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+        let r = unsafe { super::avx512::dot_q4_0_q8_0_x4(w, x4) };
+        return std::array::from_fn(|k| r[k]);
+    }
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q4_0_q8_0_xn_impl(w, x) }
+}
+
+/// See [`dot_q4_1_q8_1_x4`].
+pub(super) fn dot_q8_0_q8_0_xn<const N: usize>(
+    _: Token,
+    w: &[BlockQ8_0],
+    x: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    assert!(
+        x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: see above; lengths checked.
+    unsafe { dot_q8_0_q8_0_xn_impl(w, x) }
+}
+
+pub(super) fn quantize_row_q8_0(_: Token, src: &[f32], dst: &mut [BlockQ8_0], r: Q8Rounding) {
+    // SAFETY: see above.
+    unsafe { quantize_row_q8_0_impl(src, dst, r) }
+}
+
+pub(super) fn quantize_row_q8_1(_: Token, src: &[f32], dst: &mut [BlockQ8_1], r: Q8Rounding) {
+    // SAFETY: see above.
+    unsafe { quantize_row_q8_1_impl(src, dst, r) }
+}

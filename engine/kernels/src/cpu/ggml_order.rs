@@ -1,0 +1,1063 @@
+//! The float evaluation order of llama.cpp's x86-64 CPU backend (AVX-512 build), reproduced in
+//! portable code.
+//!
+//! Why: llama.cpp's outputs define correct, and a 30-layer model amplifies last-bit differences
+//! (an activation that lands on the other side of a q8 rounding boundary, an attention
+//! probability that rounds to a different f16) into logit differences of tenths, enough to flip
+//! greedy choices at near-ties. Products are exact in both engines; what differs is the order in
+//! which floats are added and where they are rounded. So the kernels here add in the same order
+//! as ggml's SIMD code on the machine the reference data was made on:
+//!
+//! * `ggml_vec_dot_f16` (single-token attention): four 16-lane FMA accumulators over steps of 64
+//!   elements, folded `(a0 + a2) + (a1 + a3)`, then a 16-lane tree reduction.
+//! * llamafile's `tinyBLAS` f16 GEMM (attention over a batch of two or more tokens): one 16-lane
+//!   FMA chain over the inner dimension, then the same tree reduction.
+//! * `ggml_v_expf` (softmax and SiLU): the ARM optimized-routines polynomial llama.cpp uses,
+//!   evaluated with the same fused operations; it differs from a correctly rounded `expf` in
+//!   the last bit for some inputs.
+//!
+//! The order is reproduced, not the instructions: these are scalar loops (the compiler may
+//! vectorize them; fused multiply-adds are exact whatever unit runs them).
+
+use half::f16;
+
+use super::block::f16_bits_to_f32;
+use super::q4_0::BlockQ4_0;
+use super::q4_1::BlockQ4_1;
+use super::q8_0::BlockQ8_0;
+use super::q8_1::BlockQ8_1;
+
+/// f16 -> f32 without `half`'s per-call CPU feature check (exact).
+#[inline(always)]
+fn h(x: f16) -> f32 {
+    f16_bits_to_f32(x.to_bits())
+}
+
+/// Lanes of an AVX-512 float vector.
+pub const LANES: usize = 16;
+
+/// `_mm512_reduce_add_ps` as GCC implements it: halves added pairwise down to 4 lanes, then
+/// `(t0 + t2) + (t1 + t3)`.
+#[inline(always)]
+pub fn reduce16(a: &[f32; LANES]) -> f32 {
+    let mut t3 = [0.0f32; 8];
+    for i in 0..8 {
+        t3[i] = a[i + 8] + a[i];
+    }
+    let mut t6 = [0.0f32; 4];
+    for i in 0..4 {
+        t6[i] = t3[i + 4] + t3[i];
+    }
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// `ggml_vec_dot_f16(n, a, b)` of the AVX-512 build: sum of `a[i] * b[i]` in ggml's order.
+/// `b` holds f16 values widened to f32 (ggml converts that operand to f16 first).
+#[inline(always)]
+pub fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::dot_f16_ggml(a, b) };
+    }
+    dot_f16_ggml_portable(a, b)
+}
+
+/// [`dot_f16_ggml`] in portable code (the reference of the SIMD version).
+#[inline(always)]
+fn dot_f16_ggml_portable(a: &[f16], b: &[f32]) -> f32 {
+    const STEP: usize = 4 * LANES;
+    let n = a.len().min(b.len());
+    let np = n - n % STEP;
+    let mut acc = [[0.0f32; LANES]; 4];
+    let mut i = 0;
+    while i < np {
+        for (j, acc_j) in acc.iter_mut().enumerate() {
+            let base = i + j * LANES;
+            for (l, s) in acc_j.iter_mut().enumerate() {
+                *s = h(a[base + l]).mul_add(b[base + l], *s);
+            }
+        }
+        i += STEP;
+    }
+    let mut folded = [0.0f32; LANES];
+    for l in 0..LANES {
+        folded[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = f64::from(reduce16(&folded));
+    for k in np..n {
+        sum += f64::from(h(a[k]) * b[k]);
+    }
+    sum as f32
+}
+
+/// One element of llamafile's tinyBLAS f16 GEMM of the AVX-512 build: a single 16-lane FMA
+/// chain over `k` (a multiple of 16 there; a shorter tail is folded into the lanes it would
+/// occupy), then the tree reduction.
+#[inline(always)]
+pub fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::dot_f16_tinyblas(a, b) };
+    }
+    dot_f16_tinyblas_portable(a, b)
+}
+
+/// `acc[i] = fma(v[i], p, acc[i])` for every i: one position's term of attention's `V·p`, each
+/// element with one fused multiply-add, whichever instruction set runs it.
+#[inline]
+pub fn axpy_f16(acc: &mut [f32], v: &[f16], p: f32) {
+    debug_assert_eq!(acc.len(), v.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::axpy_f16(acc, v, p) };
+    }
+    axpy_f16_portable(acc, v, p)
+}
+
+/// Attention's scores over consecutive cache rows: `out[i]` is the dot of `q` with
+/// `rows[i * stride + off..][..q.len()]`, in tinyBLAS's order (`batch`, [`dot_f16_tinyblas`])
+/// or ggml's one-token order ([`dot_f16_ggml`]). One call per run of rows, so that the
+/// instruction-set check and the call are paid once, not per row.
+///
+/// # Panics
+/// If `rows` is too short for `out.len()` rows.
+#[inline]
+pub fn dot_f16_rows(
+    rows: &[f16],
+    stride: usize,
+    off: usize,
+    q: &[f32],
+    out: &mut [f32],
+    batch: bool,
+) {
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(
+            rows.len() >= last * stride + off + q.len(),
+            "rows too short"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::dot_f16_rows(rows, stride, off, q, out, batch) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        let a = &rows[i * stride + off..][..q.len()];
+        *o = if batch {
+            dot_f16_tinyblas_portable(a, q)
+        } else {
+            dot_f16_ggml_portable(a, q)
+        };
+    }
+}
+
+/// Attention's `V·p` over consecutive cache rows: term `first_term + i` adds
+/// `rows[i * stride + off..][..n] * probs[i]` ([`axpy_f16`]) to accumulator slot
+/// `(first_term + i) % slots` of `accs`, which holds `slots` rows of `n` values, slot-major.
+///
+/// # Panics
+/// If `rows` is too short for `probs.len()` rows or `accs` is not whole slots.
+#[inline]
+pub fn axpy_f16_rows(
+    accs: &mut [f32],
+    slots: usize,
+    first_term: usize,
+    rows: &[f16],
+    stride: usize,
+    off: usize,
+    probs: &[f32],
+) {
+    let n = accs.len() / slots.max(1);
+    assert_eq!(accs.len(), n * slots, "accumulators not whole slots");
+    if let Some(last) = probs.len().checked_sub(1) {
+        assert!(rows.len() >= last * stride + off + n, "rows too short");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::axpy_f16_rows(accs, slots, first_term, rows, stride, off, probs) };
+    }
+    for (i, p) in probs.iter().enumerate() {
+        let slot = (first_term + i) % slots;
+        axpy_f16_portable(
+            &mut accs[slot * n..(slot + 1) * n],
+            &rows[i * stride + off..][..n],
+            *p,
+        );
+    }
+}
+
+/// [`axpy_f16`] in portable code (the reference of the SIMD version).
+#[inline(always)]
+fn axpy_f16_portable(acc: &mut [f32], v: &[f16], p: f32) {
+    for (a, x) in acc.iter_mut().zip(v) {
+        *a = h(*x).mul_add(p, *a);
+    }
+}
+
+/// [`dot_f16_tinyblas`] in portable code (the reference of the SIMD version).
+#[inline(always)]
+fn dot_f16_tinyblas_portable(a: &[f16], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; LANES];
+    let full = n - n % LANES;
+    // Whole 16-lane steps (written so the compiler keeps the 16 lanes as vector lanes).
+    for (ca, cb) in a[..full]
+        .chunks_exact(LANES)
+        .zip(b[..full].chunks_exact(LANES))
+    {
+        for l in 0..LANES {
+            acc[l] = h(ca[l]).mul_add(cb[l], acc[l]);
+        }
+    }
+    for k in full..n {
+        let l = k % LANES;
+        acc[l] = h(a[k]).mul_add(b[k], acc[l]);
+    }
+    reduce16(&acc)
+}
+
+/// Width of the accumulator of a dot product built one term at a time: term `k` goes to slot
+/// `k % width`. tinyBLAS order uses one 16-lane vector ([`LANES`]); `ggml_vec_dot_f16` order
+/// uses four ([`STEP_LANES`], valid when the full length is a multiple of 64, as llama.cpp's
+/// padded KV length is: the missing terms are zeros, which change nothing).
+pub const STEP_LANES: usize = 4 * LANES;
+
+/// Adds `a * b` as term number `k` of an ordered dot product accumulating in `acc` (16 or 64
+/// slots).
+#[inline(always)]
+pub fn accumulate(acc: &mut [f32], k: usize, a: f32, b: f32) {
+    let slot = k % acc.len();
+    acc[slot] = a.mul_add(b, acc[slot]);
+}
+
+/// The sum of an accumulator filled by [`accumulate`]: 64 slots are folded as
+/// `ggml_vec_dot_f16` folds its four vectors, then the 16 lanes are tree-reduced.
+#[inline(always)]
+pub fn accumulated_sum(acc: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    if acc.len() == STEP_LANES {
+        for (l, x) in lanes.iter_mut().enumerate() {
+            *x = (acc[l] + acc[2 * LANES + l]) + (acc[LANES + l] + acc[3 * LANES + l]);
+        }
+    } else {
+        lanes.copy_from_slice(&acc[..LANES]);
+    }
+    reduce16(&lanes)
+}
+
+/// [`accumulated_sum`] of every column of `accs`, which holds 16 or 64 slots of `out.len()`
+/// values each, stored slot-major (`accs[slot * out.len() + d]`): `out[d]` is the sum of column
+/// `d`. The same operations per column, done 8 columns at a time so that they vectorize.
+#[inline(always)]
+pub fn accumulated_sums(accs: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let width = accs.len().checked_div(n).unwrap_or(0);
+    debug_assert!(n == 0 || width == LANES || width == STEP_LANES);
+    let at = |slot: usize, d: usize| accs[slot * n + d];
+    for c0 in (0..n).step_by(8) {
+        let m = (n - c0).min(8);
+        let mut lanes = [[0.0f32; 8]; LANES];
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            for (j, x) in lane[..m].iter_mut().enumerate() {
+                let d = c0 + j;
+                *x = if width == STEP_LANES {
+                    (at(l, d) + at(2 * LANES + l, d)) + (at(LANES + l, d) + at(3 * LANES + l, d))
+                } else {
+                    at(l, d)
+                };
+            }
+        }
+        // reduce16, column by column.
+        let mut t3 = [[0.0f32; 8]; 8];
+        for i in 0..8 {
+            for j in 0..8 {
+                t3[i][j] = lanes[i + 8][j] + lanes[i][j];
+            }
+        }
+        let mut t6 = [[0.0f32; 8]; 4];
+        for i in 0..4 {
+            for j in 0..8 {
+                t6[i][j] = t3[i + 4][j] + t3[i][j];
+            }
+        }
+        for (j, o) in out[c0..c0 + m].iter_mut().enumerate() {
+            *o = (t6[0][j] + t6[2][j]) + (t6[1][j] + t6[3][j]);
+        }
+    }
+}
+
+/// `xs[i] = f16(xs[i] * scale)` widened back to f32 (round to nearest even): softmax's
+/// probabilities as the f16 operand of `V·p`, 8 at a time with F16C where the CPU has it.
+#[inline]
+pub fn scale_round_f16(xs: &mut [f32], scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::scale_round_f16(xs, scale) };
+    }
+    for x in xs {
+        *x = f16::from_f32(*x * scale).to_f32();
+    }
+}
+
+/// `ggml_v_expf`: e^x with llama.cpp's polynomial (max error about 1.5 ulp), operation for
+/// operation.
+#[inline(always)]
+pub fn expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
+    let n = z - r;
+    // fnmadd(a, b, c) = c - a*b, fused.
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // _mm512_scalef_ps: j * 2^n, rounded once (the f64 product is exact).
+    // 2^n for |n| <= 192 is a normal f64, built from its exponent bits.
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (f64::from(j) * two_n) as f32
+}
+
+/// `xs[i] = expf(xs[i] - sub)` for every i: softmax's exponentials, 8 lanes at a time where
+/// the CPU has AVX2 and FMA, with [`expf`]'s operations in every lane (the same bits).
+#[inline]
+pub fn expf_shifted(xs: &mut [f32], sub: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::expf_shifted(xs, sub) };
+    }
+    for x in xs {
+        *x = expf(*x - sub);
+    }
+}
+
+/// `ggml_v_silu`: x / (1 + e^-x) with [`expf`].
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + expf(0.0 - x))
+}
+
+/// The f16 dots above with AVX2 + FMA + F16C: the same lanes, the same fused operations in the
+/// same order (16 lanes as two 8-lane registers; `vcvtph2ps` is exact like [`h`]), so the
+/// results are bit-identical to the portable loops, which the compiler cannot vectorize with
+/// hardware f16 conversion.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    // The enclosing file by its absolute path: `scripts/check-layers.py` resolves paths per file
+    // and would take `super::` here for `cpu/mod.rs`.
+    use crate::cpu::ggml_order::{expf, h, reduce16, LANES};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Whether this CPU runs these kernels (cached by std after the first call).
+    #[inline(always)]
+    pub(super) fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// 8 f16 at `a[i..i + 8]` as f32.
+    ///
+    /// # Safety
+    /// `i + 8 <= a.len()`; the CPU has F16C.
+    #[inline(always)]
+    unsafe fn load8(a: &[f16], i: usize) -> __m256 {
+        debug_assert!(i + 8 <= a.len());
+        // SAFETY: 16 readable bytes at a[i] (caller); loadu has no alignment requirement.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i).cast())) }
+    }
+
+    /// 8 f32 at `b[i..i + 8]`.
+    ///
+    /// # Safety
+    /// `i + 8 <= b.len()`.
+    #[inline(always)]
+    unsafe fn loadf(b: &[f32], i: usize) -> __m256 {
+        debug_assert!(i + 8 <= b.len());
+        // SAFETY: 32 readable bytes at b[i] (caller).
+        unsafe { _mm256_loadu_ps(b.as_ptr().add(i)) }
+    }
+
+    /// The 16 lanes of two registers, `lo` first.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (as every caller here checked).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lanes(lo: __m256, hi: __m256) -> [f32; LANES] {
+        let mut out = [0.0f32; LANES];
+        // SAFETY: `out` has 16 f32; storeu has no alignment requirement.
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), lo);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), hi);
+        }
+        out
+    }
+
+    /// [`super::dot_f16_tinyblas`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_tinyblas(a: &[f16], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let full = n - n % LANES;
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 16 <= full <= both lengths.
+            unsafe {
+                lo = _mm256_fmadd_ps(load8(a, i), loadf(b, i), lo);
+                hi = _mm256_fmadd_ps(load8(a, i + 8), loadf(b, i + 8), hi);
+            }
+            i += LANES;
+        }
+        if full == n {
+            // SAFETY: AVX2 present (this function's contract).
+            return unsafe { reduce16_regs(lo, hi) };
+        }
+        // SAFETY: AVX2 present (this function's contract).
+        let mut acc = unsafe { lanes(lo, hi) };
+        for k in full..n {
+            let l = k % LANES;
+            acc[l] = h(a[k]).mul_add(b[k], acc[l]);
+        }
+        reduce16(&acc)
+    }
+
+    /// [`super::reduce16`] of the 16 lanes `lo` (0..8) and `hi` (8..16), in registers: the same
+    /// additions of the same pairs.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn reduce16_regs(lo: __m256, hi: __m256) -> f32 {
+        // t3[i] = a[i + 8] + a[i]; t6[i] = t3[i + 4] + t3[i].
+        let t3 = _mm256_add_ps(hi, lo);
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        // [t6[0] + t6[2], t6[1] + t6[3], ..], then their sum.
+        let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+    }
+
+    /// [`super::expf`] on 8 lanes: the same fused and plain operations in the same order;
+    /// `scalef` as an f64 product rounded once to f32, as the scalar version computes it.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn expf8(x: __m256) -> __m256 {
+        let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        // fma(-n, a, fma(-n, b, x)) = fnmadd(n, a, fnmadd(n, b, x)): -(n*a) is exact.
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+        );
+        // j * 2^n, in f64 (exact product), rounded once; 2^n from its exponent bits.
+        let ni = _mm256_cvttps_epi32(n);
+        let scale = |half: __m128i, jj: __m128| {
+            let e = _mm256_slli_epi64(
+                _mm256_add_epi64(_mm256_cvtepi32_epi64(half), _mm256_set1_epi64x(1023)),
+                52,
+            );
+            _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(jj), _mm256_castsi256_pd(e)))
+        };
+        let lo = scale(_mm256_castsi256_si128(ni), _mm256_castps256_ps128(j));
+        let hi = scale(_mm256_extracti128_si256(ni, 1), _mm256_extractf128_ps(j, 1));
+        let v = _mm256_set_m128(hi, lo);
+        // |n| > 192: 0 for n <= 0, +inf otherwise (NaN compares false, as in the scalar code).
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0), _CMP_GT_OQ);
+        let neg = _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ);
+        let over = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), neg);
+        _mm256_blendv_ps(v, over, big)
+    }
+
+    /// [`super::expf_shifted`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn expf_shifted(xs: &mut [f32], sub: f32) {
+        let full = xs.len() - xs.len() % 8;
+        let s = _mm256_set1_ps(sub);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= xs.len(); loadu/storeu need no alignment.
+            unsafe {
+                let v = _mm256_sub_ps(_mm256_loadu_ps(xs.as_ptr().add(i)), s);
+                _mm256_storeu_ps(xs.as_mut_ptr().add(i), expf8(v));
+            }
+            i += 8;
+        }
+        for x in &mut xs[full..] {
+            *x = expf(*x - sub);
+        }
+    }
+
+    /// [`super::dot_f16_rows`] (lengths checked by it).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_rows(
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        q: &[f32],
+        out: &mut [f32],
+        batch: bool,
+    ) {
+        for (i, o) in out.iter_mut().enumerate() {
+            let a = &rows[i * stride + off..][..q.len()];
+            // SAFETY: this function's features are theirs.
+            *o = unsafe {
+                if batch {
+                    dot_f16_tinyblas(a, q)
+                } else {
+                    dot_f16_ggml(a, q)
+                }
+            };
+        }
+    }
+
+    /// [`super::axpy_f16_rows`] (lengths checked by it).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_f16_rows(
+        accs: &mut [f32],
+        slots: usize,
+        first_term: usize,
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        probs: &[f32],
+    ) {
+        let n = accs.len() / slots;
+        if slots.is_multiple_of(8) {
+            // Eight slots' accumulators of one 8-column chunk stay in registers while every term
+            // of those slots is added (each slot still takes its terms in order, so the bits are
+            // those of one `axpy_f16` per term); the accumulators are loaded and stored once.
+            let full = n - n % 8;
+            let len = probs.len();
+            // Virtual term j = i + f lands in slot j % slots: a pass over slots s0..s0 + 8 takes
+            // the 8 consecutive terms i = G * slots + s0 - f + k of every group G.
+            let f = first_term % slots;
+            let groups = (len + f).div_ceil(slots);
+            let mut c = 0;
+            while c < full {
+                let mut s0 = 0;
+                while s0 < slots {
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: slot s0 + k < slots and c + 8 <= n: inside `accs`.
+                        *a = unsafe { _mm256_loadu_ps(accs.as_ptr().add((s0 + k) * n + c)) };
+                    }
+                    for g in 0..groups {
+                        let i0 = (g * slots + s0) as isize - f as isize;
+                        if i0 >= 0 && i0 as usize + 8 <= len {
+                            let i0 = i0 as usize;
+                            let base = i0 * stride + off + c;
+                            // The rows' bound (checked by the caller) covers term i0 + 7.
+                            debug_assert!(base + 7 * stride + 8 <= rows.len());
+                            for (k, a) in acc.iter_mut().enumerate() {
+                                // SAFETY: term i0 + k < len, whose row chunk lies in `rows`
+                                // (the caller checked rows.len() >= (len-1)*stride + off + n).
+                                let v = unsafe { load8(rows, base + k * stride) };
+                                // SAFETY: i0 + k < len = probs.len().
+                                let p = unsafe { *probs.get_unchecked(i0 + k) };
+                                *a = _mm256_fmadd_ps(v, _mm256_set1_ps(p), *a);
+                            }
+                        } else {
+                            for (k, a) in acc.iter_mut().enumerate() {
+                                let i = i0 + k as isize;
+                                if i >= 0 && (i as usize) < len {
+                                    let i = i as usize;
+                                    // SAFETY: as above, for term i < len.
+                                    let v = unsafe { load8(rows, i * stride + off + c) };
+                                    *a = _mm256_fmadd_ps(v, _mm256_set1_ps(probs[i]), *a);
+                                }
+                            }
+                        }
+                    }
+                    for (k, a) in acc.iter().enumerate() {
+                        // SAFETY: as for the loads.
+                        unsafe { _mm256_storeu_ps(accs.as_mut_ptr().add((s0 + k) * n + c), *a) };
+                    }
+                    s0 += 8;
+                }
+                c += 8;
+            }
+            if full == n {
+                return;
+            }
+            // The last columns, term by term.
+            for (i, p) in probs.iter().enumerate() {
+                let slot = (first_term + i) % slots;
+                let a = &mut accs[slot * n + full..(slot + 1) * n];
+                for (x, v) in a.iter_mut().zip(&rows[i * stride + off + full..]) {
+                    *x = h(*v).mul_add(*p, *x);
+                }
+            }
+            return;
+        }
+        let mut slot = first_term % slots;
+        for (i, p) in probs.iter().enumerate() {
+            // SAFETY: this function's features are axpy_f16's.
+            unsafe {
+                axpy_f16(
+                    &mut accs[slot * n..(slot + 1) * n],
+                    &rows[i * stride + off..][..n],
+                    *p,
+                )
+            };
+            slot += 1;
+            if slot == slots {
+                slot = 0;
+            }
+        }
+    }
+
+    /// [`super::scale_round_f16`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scale_round_f16(xs: &mut [f32], scale: f32) {
+        let full = xs.len() - xs.len() % 8;
+        let s = _mm256_set1_ps(scale);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= xs.len(); loadu/storeu need no alignment.
+            unsafe {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(xs.as_ptr().add(i)), s);
+                let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+                _mm256_storeu_ps(xs.as_mut_ptr().add(i), r);
+            }
+            i += 8;
+        }
+        for x in &mut xs[full..] {
+            *x = f16::from_f32(*x * scale).to_f32();
+        }
+    }
+
+    /// [`super::axpy_f16`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_f16(acc: &mut [f32], v: &[f16], p: f32) {
+        let n = acc.len().min(v.len());
+        let full = n - n % 8;
+        let pv = _mm256_set1_ps(p);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= both lengths; loadu/storeu need no alignment.
+            unsafe {
+                let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+                _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(load8(v, i), pv, a));
+            }
+            i += 8;
+        }
+        for k in full..n {
+            acc[k] = h(v[k]).mul_add(p, acc[k]);
+        }
+    }
+
+    /// [`super::dot_f16_ggml`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_ggml(a: &[f16], b: &[f32]) -> f32 {
+        const STEP: usize = 4 * LANES;
+        let n = a.len().min(b.len());
+        let np = n - n % STEP;
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i < np {
+            for (r, v) in acc.iter_mut().enumerate() {
+                // Register r holds lanes 8*(r%2).. of accumulator r/2: elements i + 8r.
+                // SAFETY: i + 8r + 8 <= i + 64 <= np <= both lengths.
+                unsafe { *v = _mm256_fmadd_ps(load8(a, i + 8 * r), loadf(b, i + 8 * r), *v) };
+            }
+            i += STEP;
+        }
+        // folded[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l]), in registers (lo and hi halves).
+        // (No closure: closures do not inherit the target features.)
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        // SAFETY: AVX2 present (this function's contract).
+        let mut sum = f64::from(unsafe { reduce16_regs(lo, hi) });
+        for k in np..n {
+            sum += f64::from(h(a[k]) * b[k]);
+        }
+        sum as f32
+    }
+}
+
+// ---- quantized dot products in the order of ggml's x86 AVX2 kernels ----
+//
+// ggml's `ggml_vec_dot_q4_1_q8_1`, `_q4_0_q8_0` and `_q8_0_q8_0` on x86 (the AVX2 branch, which
+// its AVX-512 builds use too) keep one 8-lane f32 accumulator: per block, lane j gets the exact
+// integer sum of the products of elements 4j..4j+3, converted to f32 and fused-multiply-added
+// with the block's scale product `d_w * d_x`; at the end the lanes are reduced as
+// `hsum_float_8` does (halves added lane-wise, then `(t0 + t2) + (t1 + t3)`). Q4_1 adds the
+// `m_w * s_x` terms in a separate running f32 sum, added last. These functions are that order in
+// portable code: the scalar kernel set on x86-64 uses them, so that every instruction-set path
+// gives llama.cpp's tokens (the `avx2` module computes the same in registers).
+
+/// Lanes of ggml's AVX2 float accumulator.
+const Q_LANES: usize = 8;
+
+/// `hsum_float_8`: the 8 lanes folded in ggml's order.
+#[inline(always)]
+fn hsum8(acc: &[f32; Q_LANES]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// Folds one block into the accumulator: lane j += d * (sum of `prod(k)` for k in 4j..4j+3).
+#[inline(always)]
+fn block_fma(acc: &mut [f32; Q_LANES], d: f32, prod: impl Fn(usize) -> i32) {
+    for (j, a) in acc.iter_mut().enumerate() {
+        let s: i32 = (4 * j..4 * j + 4).map(&prod).sum();
+        *a = d.mul_add(s as f32, *a);
+    }
+}
+
+/// The weight nibble of element `k` of a Q4 block (low nibbles are elements 0..15).
+#[inline(always)]
+fn nibble(qs: &[u8; 16], k: usize) -> i32 {
+    i32::from(if k < 16 {
+        qs[k] & 0x0F
+    } else {
+        qs[k - 16] >> 4
+    })
+}
+
+#[inline(always)]
+fn f16_from(b: [u8; 2]) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes(b))
+}
+
+/// Q4_1 · Q8_1 in ggml's x86 order.
+pub fn dot_q4_1_q8_1_x86(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
+    let mut acc = [0.0f32; Q_LANES];
+    let mut m = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_from(bw.d) * f16_from(bx.d);
+        m += f16_from(bw.m) * f16_from(bx.s);
+        block_fma(&mut acc, d, |k| nibble(&bw.qs, k) * i32::from(bx.qs[k]));
+    }
+    hsum8(&acc) + m
+}
+
+/// Q4_0 · Q8_0 in ggml's x86 order.
+pub fn dot_q4_0_q8_0_x86(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0.0f32; Q_LANES];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_from(bw.d) * f16_from(bx.d);
+        block_fma(&mut acc, d, |k| {
+            (nibble(&bw.qs, k) - 8) * i32::from(bx.qs[k])
+        });
+    }
+    hsum8(&acc)
+}
+
+/// Q8_0 · Q8_0 in ggml's x86 order.
+pub fn dot_q8_0_q8_0_x86(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0.0f32; Q_LANES];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_from(bw.d) * f16_from(bx.d);
+        block_fma(&mut acc, d, |k| i32::from(bw.qs[k]) * i32::from(bx.qs[k]));
+    }
+    hsum8(&acc)
+}
+
+#[cfg(test)]
+mod tests {
+
+    /// The SIMD f16 dots equal the portable ones bit for bit (same lanes, same fused operations),
+    /// on random data of every length class (whole steps, tails, shorter than one step).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_f16_kernels_equal_the_portable_order_bit_for_bit() {
+        if !super::simd::available() {
+            eprintln!("no AVX2/FMA/F16C: skipped");
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        };
+        for n in [
+            1usize, 7, 15, 16, 17, 33, 63, 64, 65, 127, 128, 200, 2048, 2049,
+        ] {
+            let a: Vec<half::f16> = (0..n).map(|_| half::f16::from_f32(next())).collect();
+            let b: Vec<f32> = (0..n).map(|_| next()).collect();
+            // SAFETY: features checked above.
+            let (s1, s2) = unsafe {
+                (
+                    super::simd::dot_f16_tinyblas(&a, &b),
+                    super::simd::dot_f16_ggml(&a, &b),
+                )
+            };
+            assert_eq!(
+                s1.to_bits(),
+                dot_f16_tinyblas_portable(&a, &b).to_bits(),
+                "tinyblas n={n}"
+            );
+            assert_eq!(
+                s2.to_bits(),
+                dot_f16_ggml_portable(&a, &b).to_bits(),
+                "ggml n={n}"
+            );
+            let (mut acc_simd, mut acc_portable) = (b.clone(), b.clone());
+            let p = next();
+            // SAFETY: features checked above.
+            unsafe { super::simd::axpy_f16(&mut acc_simd, &a, p) };
+            axpy_f16_portable(&mut acc_portable, &a, p);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&acc_simd), bits(&acc_portable), "axpy n={n}");
+            // Probabilities rounded to f16: tiny (subnormal f16), ties and large values too.
+            let mut xs: Vec<f32> = b.iter().map(|v| v * 1e-3).collect();
+            xs.extend([6.1e-5, 1e-7, 0.0, 1.0 + 1.0 / 2048.0, 65504.0, 7e4]);
+            let mut portable = xs.clone();
+            for x in &mut portable {
+                *x = half::f16::from_f32(*x * 0.75).to_f32();
+            }
+            scale_round_f16(&mut xs, 0.75);
+            assert_eq!(bits(&xs), bits(&portable), "scale_round_f16 n={n}");
+        }
+    }
+    use super::*;
+
+    /// The run kernels equal one call per row (scores) and one `axpy_f16` per term in its slot.
+    #[test]
+    fn row_runs_equal_one_call_per_row() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        // Head sizes that are and are not whole 8-column chunks; runs shorter and longer than
+        // the slot count; several first terms.
+        for (stride, off, n, n_rows) in [
+            (96usize, 32usize, 64usize, 37usize),
+            (50, 3, 44, 5),
+            (64, 0, 64, 130),
+        ] {
+            let rows: Vec<f16> = (0..stride * n_rows)
+                .map(|_| f16::from_f32(next()))
+                .collect();
+            let q: Vec<f32> = (0..n).map(|_| next()).collect();
+            for batch in [false, true] {
+                let mut out = vec![0.0f32; n_rows];
+                dot_f16_rows(&rows, stride, off, &q, &mut out, batch);
+                for (i, o) in out.iter().enumerate() {
+                    let a = &rows[i * stride + off..][..n];
+                    let want = if batch {
+                        dot_f16_tinyblas(a, &q)
+                    } else {
+                        dot_f16_ggml(a, &q)
+                    };
+                    assert_eq!(o.to_bits(), want.to_bits(), "row {i} batch {batch}");
+                }
+            }
+            let probs: Vec<f32> = (0..n_rows).map(|_| next()).collect();
+            for slots in [LANES, STEP_LANES] {
+                for first_term in [0usize, 5, 70] {
+                    // Start from non-zero accumulators (a second run adds to the first's).
+                    let init: Vec<f32> = (0..slots * n).map(|_| next()).collect();
+                    let mut accs = init.clone();
+                    axpy_f16_rows(&mut accs, slots, first_term, &rows, stride, off, &probs);
+                    let mut want = init;
+                    for (i, p) in probs.iter().enumerate() {
+                        let s = (first_term + i) % slots;
+                        axpy_f16(
+                            &mut want[s * n..(s + 1) * n],
+                            &rows[i * stride + off..][..n],
+                            *p,
+                        );
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&accs),
+                        bits(&want),
+                        "n {n} slots {slots} first {first_term}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The column sums equal [`accumulated_sum`] of each column gathered by hand, bit for bit,
+    /// for both slot counts and column counts that are not multiples of 8.
+    #[test]
+    fn accumulated_sums_equal_the_per_column_sum() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            // Mixed magnitudes, so that the order of the additions shows in the bits.
+            let m = (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            m * [1.0, 1e4, 1e-3][(seed % 3) as usize]
+        };
+        for width in [LANES, STEP_LANES] {
+            for n in [1usize, 5, 8, 13, 64, 80, 128] {
+                let accs: Vec<f32> = (0..width * n).map(|_| next()).collect();
+                let mut out = vec![0.0f32; n];
+                accumulated_sums(&accs, &mut out);
+                for (d, o) in out.iter().enumerate() {
+                    let col: Vec<f32> = (0..width).map(|k| accs[k * n + d]).collect();
+                    assert_eq!(
+                        o.to_bits(),
+                        accumulated_sum(&col).to_bits(),
+                        "width {width} n {n} column {d}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The 8-lane exp equals the scalar one bit for bit, over a sweep of arguments including
+    /// the extremes (underflow to 0 and subnormals, overflow to inf, -inf, 0).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_expf_equals_scalar_bit_for_bit() {
+        if !super::simd::available() {
+            eprintln!("no AVX2/FMA/F16C: skipped");
+            return;
+        }
+        let mut xs: Vec<f32> = (0..200_000).map(|i| -140.0 + i as f32 * 0.00123).collect();
+        xs.extend([
+            f32::NEG_INFINITY,
+            -1e30,
+            -200.0,
+            -150.0,
+            -133.5,
+            -103.97,
+            -87.3,
+            -0.0,
+            0.0,
+            1e-30,
+            88.7,
+            88.8,
+            150.0,
+            1e30,
+        ]);
+        for sub in [0.0f32, 3.25, -7.5] {
+            let mut got = xs.clone();
+            // SAFETY: features checked above.
+            unsafe { super::simd::expf_shifted(&mut got, sub) };
+            for (x, g) in xs.iter().zip(&got) {
+                let want = expf(*x - sub);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "x={x} sub={sub}: {g} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn expf_is_close_to_exp_and_handles_extremes() {
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let (want, got) = (x.exp(), expf(x));
+            assert!(((got - want) / want).abs() < 4e-7, "x={x}: {got} vs {want}");
+            x += 0.37;
+        }
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf(0.0), 1.0);
+        assert_eq!(expf(200.0), f32::INFINITY);
+        assert_eq!(expf(-200.0), 0.0);
+    }
+
+    #[test]
+    fn reduce16_order() {
+        // 2^24 + 1 + 1 loses both ones when added in a bad order; the tree pairs lanes
+        // (0, 8), (4, 12), then (0, 4): lanes 0 and 8 hold the ones, lane 4 the big value.
+        let mut a = [0.0f32; LANES];
+        a[0] = 1.0;
+        a[8] = 1.0;
+        a[4] = 16_777_216.0;
+        assert_eq!(reduce16(&a), 16_777_218.0);
+        let mut b = [0.0f32; LANES];
+        b[0] = 1.0;
+        b[1] = 1.0;
+        b[4] = 16_777_216.0;
+        // lane 1 meets the big value only at the last add, lane 0 before: 2^24 + 1 rounds to
+        // 2^24 (ties to even), then + 1 again.
+        assert_eq!(reduce16(&b), 16_777_216.0);
+    }
+
+    #[test]
+    fn dots_agree_with_exact_sums_on_small_integers() {
+        let a: Vec<f16> = (0..256)
+            .map(|i| f16::from_f32((i % 7) as f32 - 3.0))
+            .collect();
+        let b: Vec<f32> = (0..256).map(|i| (i % 5) as f32 - 2.0).collect();
+        let exact: f32 = a.iter().zip(&b).map(|(x, y)| x.to_f32() * y).sum();
+        assert_eq!(dot_f16_ggml(&a, &b), exact);
+        assert_eq!(dot_f16_tinyblas(&a, &b), exact);
+        let mut lane = [0.0f32; LANES];
+        let mut step = [0.0f32; STEP_LANES];
+        for k in 0..256 {
+            accumulate(&mut lane, k, a[k].to_f32(), b[k]);
+            accumulate(&mut step, k, a[k].to_f32(), b[k]);
+        }
+        assert_eq!(accumulated_sum(&lane), exact);
+        assert_eq!(accumulated_sum(&step), exact);
+        assert_eq!(
+            dot_f16_ggml(&a[..70], &b[..70]),
+            a[..70]
+                .iter()
+                .zip(&b[..70])
+                .map(|(x, y)| x.to_f32() * y)
+                .sum::<f32>()
+        );
+    }
+}

@@ -1,0 +1,380 @@
+//! Q2_K, Q3_K and IQ4_XS · Q8_K in the float order of ggml's x86 kernels
+//! (`ggml_vec_dot_q2_K_q8_K`, `ggml_vec_dot_q3_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K` of
+//! `arch/x86/quants.c`, the `__AVX2__` branch, which llama.cpp's AVX-512 build compiles too).
+//! llama.cpp does not repack Q3_K and IQ4_XS (see `repack.rs`), so these are what it runs for
+//! them on x86; Q2_K matrices of a multiple of 8 rows it repacks on AVX-512 CPUs
+//! (`repack::dot_q2_k_q8_k`), the others run this order.
+//!
+//! Both have the shape of the other x86 k-quant dots (`avx2_quants.rs`): per super-block eight
+//! exact i32 lanes, lane `i` holding, for every 32-element group `g`, the products of elements
+//! `32g + 4i .. 32g + 4i + 4` times that element's sub-block scale (`maddubs` pairs, `madd`
+//! with the scales); the lanes converted to f32 and fused-multiply-added with the block's scale
+//! product into an 8-lane accumulator; at the end `hsum_float_8`. The scale products are
+//! `d_x * d_w` for Q3_K and `d_w * d_x` for IQ4_XS (f32 products, so the order does not matter).
+//! Q2_K's min term goes into the same accumulator first: lane `i` gets
+//! `fma(-d_x * dmin_w, m_2i * bsum_2i + m_2i+1 * bsum_2i+1, acc)`, then the scaled quants' lane.
+//!
+//! As in `repack.rs`: a portable function (the scalar kernel set on x86-64) and an AVX2 one,
+//! bit-identical (tested).
+
+// Indexing mirrors ggml's block layout (several arrays addressed by one element index).
+#![allow(clippy::needless_range_loop)]
+
+use super::block::f16_le;
+use super::iq4_nl::KVALUES_IQ4NL;
+use super::iq4_xs::BlockIq4Xs;
+use super::q2_k::BlockQ2_K;
+use super::q3_k::BlockQ3_K;
+use super::q8_k::{BlockQ8_K, QK_K};
+
+/// ggml's `hsum_float_8`: `(lo + hi)`, then `(l0 + l2) + (l1 + l3)`.
+#[inline(always)]
+fn hsum8(a: &[f32; 8]) -> f32 {
+    let s = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// Adds `scale * (products of elements base + 4i .. base + 4i + 4)` to lane `i`, for a 32-element
+/// group of weights `q` (already signed values) at activations `y`, where elements 0..16 of the
+/// group take `scale_lo` and 16..32 `scale_hi` (Q3_K's 16-element sub-blocks; IQ4_XS passes
+/// the same scale twice).
+#[inline(always)]
+fn group_lanes(lanes: &mut [i32; 8], q: &[i8], y: &[i8], scale_lo: i32, scale_hi: i32) {
+    for i in 0..8 {
+        let mut s = 0i32;
+        for e in 4 * i..4 * i + 4 {
+            s += i32::from(q[e]) * i32::from(y[e]);
+        }
+        lanes[i] += if i < 4 { scale_lo } else { scale_hi } * s;
+    }
+}
+
+#[inline(always)]
+fn q2_k_body(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let dmin = -bx.d() * f16_le(bw.dmin);
+        for (i, a) in acc.iter_mut().enumerate() {
+            let prod = i32::from(bw.scales[2 * i] >> 4) * bx.bsum(2 * i)
+                + i32::from(bw.scales[2 * i + 1] >> 4) * bx.bsum(2 * i + 1);
+            *a = dmin.mul_add(prod as f32, *a);
+        }
+        let q = bw.quants().map(|v| v as i8);
+        let mut lanes = [0i32; 8];
+        for g in 0..QK_K / 32 {
+            let r = 32 * g..32 * g + 32;
+            let (lo, hi) = (bw.scales[2 * g] & 0x0F, bw.scales[2 * g + 1] & 0x0F);
+            group_lanes(&mut lanes, &q[r.clone()], &bx.qs[r], lo.into(), hi.into());
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+#[inline(always)]
+fn q3_k_body(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = bx.d() * f16_le(bw.d);
+        let sc = bw.scales();
+        let q = bw.quants();
+        let mut lanes = [0i32; 8];
+        for g in 0..QK_K / 32 {
+            let r = 32 * g..32 * g + 32;
+            group_lanes(
+                &mut lanes,
+                &q[r.clone()],
+                &bx.qs[r],
+                sc[2 * g],
+                sc[2 * g + 1],
+            );
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+#[inline(always)]
+fn iq4_xs_body(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.iter().zip(x) {
+        let d = f16_le(bw.d) * bx.d();
+        let mut lanes = [0i32; 8];
+        for k in 0..QK_K / 32 {
+            let qs = &bw.qs[16 * k..16 * k + 16];
+            let mut q = [0i8; 32];
+            for j in 0..16 {
+                q[j] = KVALUES_IQ4NL[usize::from(qs[j] & 0x0F)];
+                q[j + 16] = KVALUES_IQ4NL[usize::from(qs[j] >> 4)];
+            }
+            let ls = bw.scale(k);
+            group_lanes(&mut lanes, &q, &bx.qs[32 * k..32 * k + 32], ls, ls);
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Q2_K · Q8_K in the order of ggml's x86 `ggml_vec_dot_q2_K_q8_K` (portable).
+pub(super) fn dot_q2_k_q8_k(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q2_k_body(w, x)
+}
+
+/// Q3_K · Q8_K in the order of ggml's x86 `ggml_vec_dot_q3_K_q8_K` (portable).
+pub(super) fn dot_q3_k_q8_k(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    q3_k_body(w, x)
+}
+
+/// IQ4_XS · Q8_K in the order of ggml's x86 `ggml_vec_dot_iq4_xs_q8_K` (portable).
+pub(super) fn dot_iq4_xs_q8_k(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    iq4_xs_body(w, x)
+}
+
+/// The same orders with AVX2 intrinsics, bit-identical to the portable functions: the lanes'
+/// integer sums are exact either way (the products are widened to i16 and summed with `madd`,
+/// exact for every i8 value, -128 included), the float operations are the same.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    // The enclosing file by its absolute path: `scripts/check-layers.py` resolves paths per file
+    // and would take `super::` here for `cpu/mod.rs`.
+    use crate::cpu::kquant_order::*;
+    use crate::cpu::x86::{hsum, Token};
+    use std::arch::x86_64::*;
+
+    /// 32 weight values and 32 activations (i8, element order) -> 8 i32 lanes, lane `i` the sum
+    /// of the products of elements `4i .. 4i + 4`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_lanes(q: __m256i, y: __m256i) -> __m256i {
+        let lo = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y)),
+        );
+        let hi = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y, 1)),
+        );
+        // hadd gives [L0 L1 L4 L5 | L2 L3 L6 L7]; the permute puts them in order.
+        _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(lo, hi),
+            _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
+        )
+    }
+
+    /// Lanes 0..4 times `lo`, lanes 4..8 times `hi` (the two 16-element sub-blocks of a group).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scaled(lanes: __m256i, lo: i32, hi: i32) -> __m256i {
+        _mm256_mullo_epi32(
+            lanes,
+            _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo)),
+        )
+    }
+
+    /// 32 bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load32<T>(b: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(b) >= 32);
+        // SAFETY: at least 32 readable bytes (asserted); `loadu` has no alignment requirement.
+        unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q2_k_impl(w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        let m3 = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_ps();
+        for (bw, bx) in w.iter().zip(x) {
+            let d = bx.d() * f16_le(bw.d);
+            let dmin = -bx.d() * f16_le(bw.dmin);
+            // SAFETY: `scales` is 16 readable bytes; `loadu` has no alignment requirement.
+            let sc = unsafe { _mm_loadu_si128(bw.scales.as_ptr().cast()) };
+            let mins =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
+            let prod = _mm256_madd_epi16(mins, load32(&bx.bsums));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+            let mut lanes = _mm256_setzero_si256();
+            for j in 0..2 {
+                let q2 = load32(&bw.qs[32 * j..]);
+                for k in 0..4 {
+                    let g = 4 * j + k;
+                    let shift = _mm_cvtsi32_si128(2 * k as i32);
+                    let q = _mm256_and_si256(_mm256_srl_epi16(q2, shift), m3);
+                    let p = group_lanes(q, load32(&bx.qs[32 * g..]));
+                    let (lo, hi) = (bw.scales[2 * g] & 0x0F, bw.scales[2 * g + 1] & 0x0F);
+                    lanes = _mm256_add_epi32(lanes, scaled(p, lo.into(), hi.into()));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q3_k_impl(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+        let m3 = _mm256_set1_epi8(3);
+        let four = _mm256_set1_epi8(4);
+        let mut acc = _mm256_setzero_ps();
+        for (bw, bx) in w.iter().zip(x) {
+            let d = bx.d() * f16_le(bw.d);
+            let sc = bw.scales();
+            let hm = load32(&bw.hmask);
+            let mut lanes = _mm256_setzero_si256();
+            for j in 0..2 {
+                let q3 = load32(&bw.qs[32 * j..]);
+                for k in 0..4 {
+                    let g = 4 * j + k;
+                    let shift = _mm_cvtsi32_si128(2 * k as i32);
+                    let low = _mm256_and_si256(_mm256_srl_epi16(q3, shift), m3);
+                    // A clear high bit subtracts 4.
+                    let bit = _mm256_set1_epi8((1u8 << g) as i8);
+                    let clear =
+                        _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+                    let q = _mm256_sub_epi8(low, _mm256_and_si256(clear, four));
+                    let p = group_lanes(q, load32(&bx.qs[32 * g..]));
+                    lanes = _mm256_add_epi32(lanes, scaled(p, sc[2 * g], sc[2 * g + 1]));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_impl(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
+        let table = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+        let m4 = _mm_set1_epi8(15);
+        let mut acc = _mm256_setzero_ps();
+        for (bw, bx) in w.iter().zip(x) {
+            let d = f16_le(bw.d) * bx.d();
+            let mut lanes = _mm256_setzero_si256();
+            for k in 0..QK_K / 32 {
+                // SAFETY: 16 readable bytes at qs[16k] (k < 8, qs has 128).
+                let qs = unsafe { _mm_loadu_si128(bw.qs[16 * k..16 * k + 16].as_ptr().cast()) };
+                let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
+                let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
+                let p = group_lanes(_mm256_set_m128i(hi, lo), load32(&bx.qs[32 * k..]));
+                let ls = bw.scale(k);
+                lanes = _mm256_add_epi32(lanes, scaled(p, ls, ls));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        }
+        hsum(acc)
+    }
+
+    // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA
+    // and F16C on this CPU, the features the implementations are compiled for.
+
+    /// [`super::dot_q2_k_q8_k`] with AVX2.
+    pub(crate) fn dot_q2_k_q8_k(_: Token, w: &[BlockQ2_K], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q2_k_impl(w, x) }
+    }
+
+    /// [`super::dot_q3_k_q8_k`] with AVX2.
+    pub(crate) fn dot_q3_k_q8_k(_: Token, w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { q3_k_impl(w, x) }
+    }
+
+    /// [`super::dot_iq4_xs_q8_k`] with AVX2.
+    pub(crate) fn dot_iq4_xs_q8_k(_: Token, w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        // SAFETY: see above.
+        unsafe { iq4_xs_impl(w, x) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::block::blocks;
+    use super::super::repack::tests::{exact, q8_k_row, random_blocks, scale};
+    use super::*;
+    use crate::testutil::Rng;
+    use edge_gguf::GgmlType as T;
+
+    /// The x86 orders equal the f64 dot within rounding, the AVX2 kernels equal the portable
+    /// ones bit for bit, and both kernel sets dispatch to them: random blocks with random scales,
+    /// odd block counts, extreme values (largest f16 scales, activations all -128).
+    #[test]
+    fn x86_orders_exact_and_avx2_bit_identical() {
+        let mut r = Rng::new(5);
+        #[cfg(target_arch = "x86_64")]
+        let token = super::super::x86::Token::detect();
+        for nb in [1usize, 2, 3, 7] {
+            for extreme in [false, true] {
+                // Q3_K: f16 d last (bytes 108..110); IQ4_XS: f16 d first.
+                let q3 = random_blocks(&mut r, nb, 110, |r, b| {
+                    b[108..].copy_from_slice(&scale(r, extreme))
+                });
+                let iq = random_blocks(&mut r, nb, 136, |r, b| {
+                    b[..2].copy_from_slice(&scale(r, extreme))
+                });
+                // Q2_K: f16 d and dmin last (bytes 80..84).
+                let q2 = random_blocks(&mut r, nb, 84, |r, b| {
+                    b[80..82].copy_from_slice(&scale(r, extreme));
+                    b[82..].copy_from_slice(&scale(r, extreme));
+                });
+                let x = q8_k_row(&mut r, nb, extreme);
+                let got_q2 = dot_q2_k_q8_k(blocks(&q2), blocks(&x));
+                let got_q3 = dot_q3_k_q8_k(blocks(&q3), blocks(&x));
+                let got_iq = dot_iq4_xs_q8_k(blocks(&iq), blocks(&x));
+                if !extreme {
+                    for (ty, w, got) in [
+                        (T::Q2_K, &q2, got_q2),
+                        (T::Q3_K, &q3, got_q3),
+                        (T::IQ4_XS, &iq, got_iq),
+                    ] {
+                        let (want, mag) = exact(ty, w, T::Q8_K, &x, nb * QK_K);
+                        assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "{ty} {nb}");
+                    }
+                }
+                let scalar = super::super::Kernels::scalar();
+                assert_eq!(
+                    scalar.vec_dot(T::Q2_K, nb * QK_K, &q2, &x).to_bits(),
+                    got_q2.to_bits()
+                );
+                assert_eq!(
+                    scalar.vec_dot(T::Q3_K, nb * QK_K, &q3, &x).to_bits(),
+                    got_q3.to_bits()
+                );
+                assert_eq!(
+                    scalar.vec_dot(T::IQ4_XS, nb * QK_K, &iq, &x).to_bits(),
+                    got_iq.to_bits()
+                );
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = token {
+                    let c = avx2::dot_q2_k_q8_k(t, blocks(&q2), blocks(&x));
+                    assert_eq!(c.to_bits(), got_q2.to_bits(), "Q2_K nb={nb} {extreme}");
+                    let a = avx2::dot_q3_k_q8_k(t, blocks(&q3), blocks(&x));
+                    let b = avx2::dot_iq4_xs_q8_k(t, blocks(&iq), blocks(&x));
+                    assert_eq!(a.to_bits(), got_q3.to_bits(), "Q3_K nb={nb} {extreme}");
+                    assert_eq!(b.to_bits(), got_iq.to_bits(), "IQ4_XS nb={nb} {extreme}");
+                    let k = super::super::Kernels::avx2().unwrap();
+                    assert_eq!(
+                        k.vec_dot(T::Q2_K, nb * QK_K, &q2, &x).to_bits(),
+                        c.to_bits()
+                    );
+                    assert_eq!(
+                        k.vec_dot(T::Q3_K, nb * QK_K, &q3, &x).to_bits(),
+                        a.to_bits()
+                    );
+                    assert_eq!(
+                        k.vec_dot(T::IQ4_XS, nb * QK_K, &iq, &x).to_bits(),
+                        b.to_bits()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1058 @@
+//! CPU kernels: per-type block layouts, row (de)quantization, dot products and the matrix-vector
+//! product the graph executor runs, plus the f32 helpers (RMS norm, f16 rows) and the ggml-ordered
+//! kernels (`ggml_order`: f16 dots, exp, SiLU).
+//!
+//! Every type lives in its own file (`q4_1.rs`: block layout, scalar reference, tests); SIMD
+//! variants live in `avx2.rs` (x86-64) and `neon.rs` (aarch64) and are tested against the scalar
+//! references. Which variant runs is decided once, by [`Kernels::detect`], never per call.
+//!
+//! # Bit-exactness with ggml
+//!
+//! Block layouts are ggml's, byte for byte. Activation quantization ([`quantize_row`] into Q8_0 /
+//! Q8_1) reproduces ggml's *reference* quantizers (`quantize_row_q8_0_ref`,
+//! `quantize_row_q8_1_ref`): `d = amax / 127`, `q = roundf(x * (1/d))` (half away from zero) using
+//! the f32 `d`, then `d` stored as f16 (round to nearest even); for Q8_1, `s = f16(sum(q) * d)`
+//! with the f32 `d`. Dot products accumulate each block in integers, as ggml does, and scale the
+//! integer sum by the product of the f16 scales.
+//!
+//! # Memory safety
+//!
+//! Quantized data arrives as `&[u8]` straight from a memory map, with no alignment guarantee.
+//! The block structs ([`BlockQ4_0`], ...) are `#[repr(C)]` and made only of byte arrays, so their
+//! alignment is 1 and every bit pattern is valid; `blocks` (`block.rs`) reinterprets a byte slice
+//! as blocks with that invariant checked at compile time. f16 fields are decoded with
+//! `from_le_bytes`.
+//!
+//! # Layout
+//!
+//! This file is the face of the module: these docs, the `mod` declarations, the re-exports and
+//! the dispatch ([`Kernels`], [`dequantize_row`], [`quantize_row`], [`vec_dot`]), which calls
+//! into the per-type and per-instruction-set files. Those files (their tests aside) never import
+//! this one: what they share lives in leaves they import directly, `block.rs` (the `Block`
+//! marker, `blocks`, [`QK`], the f16 field codecs), `rounding.rs` ([`Q8Rounding`]) and `error.rs`
+//! ([`KernelError`] and the row-size checks), plus `x86.rs` for the x86 files; a file that needs
+//! another type's block imports it from that type's file (`super::q8_0::BlockQ8_0`).
+
+pub mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_quants;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod bf16;
+mod block;
+mod encoder;
+mod error;
+mod f16;
+mod f32;
+pub mod ggml_order;
+mod iq4_nl;
+mod iq4_xs;
+#[cfg(target_arch = "x86_64")]
+mod kquant_order;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_quants;
+mod ops;
+mod q2_k;
+mod q3_k;
+mod q4_0;
+#[cfg(target_arch = "x86_64")]
+mod q4_0_rows;
+mod q4_1;
+mod q4_k;
+#[cfg(target_arch = "x86_64")]
+mod q4_k_rows;
+mod q5_0;
+mod q5_1;
+mod q5_k;
+mod q6_k;
+mod q8_0;
+mod q8_1;
+mod q8_k;
+#[cfg(test)]
+mod quant_vectors;
+#[cfg(target_arch = "x86_64")]
+mod repack;
+pub mod rope;
+mod rounding;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::ops::Range;
+
+use edge_gguf::GgmlType;
+
+use block::{blocks, blocks_mut};
+use error::{check_len, matrix_rows};
+
+pub use bf16::{bf16_bits_to_f32, f32_to_bf16_bits};
+pub use block::{f16_bits_to_f32, QK};
+pub use encoder::{attend_all, gelu, gelu_tanh, layer_norm};
+pub use error::KernelError;
+pub use ops::{f32_to_f16_row, rms_norm, rms_scale, scale_by_weight};
+pub use q4_0::BlockQ4_0;
+pub use q4_1::BlockQ4_1;
+pub use q8_0::BlockQ8_0;
+pub use q8_1::BlockQ8_1;
+pub use q8_k::{BlockQ8_K, QK_K};
+pub use rounding::Q8Rounding;
+
+/// Decodes `dst.len()` elements of type `ty` from the front of `src` (raw ggml bytes, any
+/// alignment) into `dst`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    let need = check_len("dequantize_row", ty, dst.len(), src.len())?;
+    let src = &src[..need];
+    match ty {
+        GgmlType::F32 => f32::dequantize_row(src, dst),
+        GgmlType::F16 => f16::dequantize_row(src, dst),
+        GgmlType::BF16 => bf16::dequantize_row(src, dst),
+        GgmlType::Q4_0 => q4_0::dequantize_row(blocks(src), dst),
+        GgmlType::Q4_1 => q4_1::dequantize_row(blocks(src), dst),
+        GgmlType::Q8_0 => q8_0::dequantize_row(blocks(src), dst),
+        GgmlType::Q8_1 => q8_1::dequantize_row(blocks(src), dst),
+        GgmlType::Q5_0 => q5_0::dequantize_row(blocks(src), dst),
+        GgmlType::Q5_1 => q5_1::dequantize_row(blocks(src), dst),
+        GgmlType::Q2_K => q2_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q3_K => q3_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q4_K => q4_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q5_K => q5_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q6_K => q6_k::dequantize_row(blocks(src), dst),
+        GgmlType::Q8_K => q8_k::dequantize_row(blocks(src), dst),
+        GgmlType::IQ4_NL => iq4_nl::dequantize_row(blocks(src), dst),
+        GgmlType::IQ4_XS => iq4_xs::dequantize_row(blocks(src), dst),
+        GgmlType::Unsupported(_) => unreachable!("rejected by check_len"),
+    }
+    Ok(())
+}
+
+/// Encodes `src` as type `ty` into the front of `dst`, exactly as ggml's reference code does.
+///
+/// The activation types (Q8_0, Q8_1, Q8_K, F16, BF16, F32) are what the executor uses; Q4_0 and
+/// Q4_1 (ggml's `quantize_row_q4_*_ref`) are provided for tools and tests. The other weight types
+/// (Q5_0 .. IQ4_XS) have no quantizer here: [`KernelError::Unsupported`].
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    let need = check_len("quantize_row", ty, src.len(), dst.len())?;
+    let dst = &mut dst[..need];
+    match ty {
+        GgmlType::F32 => f32::quantize_row(src, dst),
+        GgmlType::F16 => f16::quantize_row(src, dst),
+        GgmlType::BF16 => bf16::quantize_row(src, dst),
+        GgmlType::Q4_0 => q4_0::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q4_1 => q4_1::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q8_0 => q8_0::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q8_1 => q8_1::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q8_K => q8_k::quantize_row(src, blocks_mut(dst)),
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ4_XS => {
+            return Err(KernelError::Unsupported {
+                op: "quantize_row",
+                ty,
+            })
+        }
+        GgmlType::Unsupported(_) => unreachable!("rejected by check_len"),
+    }
+    Ok(())
+}
+
+/// Scalar reference dot product of a weight row (`n` elements of `w_ty`) with an activation row
+/// already in `w_ty.vec_dot_type()` (see [`GgmlType::vec_dot_type`]).
+///
+/// Lengths are the caller's guarantee (checked by `debug_assert!` only): `w_row` and `x_row` hold
+/// at least `n` elements of their types, and `n` is a multiple of the block size.
+///
+/// # Panics
+/// If `w_ty` is unsupported (model loading must reject such weights first).
+pub fn vec_dot(w_ty: GgmlType, n: usize, w_row: &[u8], x_row: &[u8]) -> f32 {
+    Kernels::scalar().vec_dot(w_ty, n, w_row, x_row)
+}
+
+/// The names `EDGE_RUN_ISA` and [`Kernels::by_name`] accept.
+pub const ISA_NAMES: [&str; 4] = ["scalar", "avx2", "avx512", "neon"];
+
+/// Which instruction set a [`Kernels`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C; the token proves they were detected.
+    #[cfg(target_arch = "x86_64")]
+    Avx2(x86::Token),
+    /// aarch64 NEON, with or without the dot-product instructions; the token proves them.
+    #[cfg(target_arch = "aarch64")]
+    Neon(neon::Token),
+}
+
+/// Kernels chosen once at load: the scalar references, or SIMD variants behind run-time CPU
+/// feature detection, and the activation rounding flavour. Copy it into every worker; it is a few
+/// bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    isa: Isa,
+    q8: Q8Rounding,
+}
+
+impl Kernels {
+    /// The best kernels this CPU runs, unless the environment variable `EDGE_RUN_ISA` names a
+    /// path ([`Kernels::by_name`]: `scalar`, `avx2`, `avx512`, `neon`; `auto` or empty = the
+    /// best): a path this CPU (or build) lacks falls back to scalar with a warning, an unknown
+    /// name to the best path with a warning. Activation rounding is the host's flavour
+    /// ([`Q8Rounding::host`]) unless `EDGE_RUN_Q8_ROUNDING` is `ref`, `arm` or `x86`. Neither
+    /// choice changes results beyond the last bits of dot products: every instruction set
+    /// quantizes identically.
+    pub fn detect() -> Kernels {
+        // llama.cpp's outputs define correct, and llama.cpp rounds activations the way its SIMD
+        // code for this architecture does: match that by default.
+        let k = Kernels::detect_isa().with_q8_rounding(Q8Rounding::host());
+        match std::env::var("EDGE_RUN_Q8_ROUNDING").ok().as_deref() {
+            None | Some("") => k,
+            Some(name) => match Q8Rounding::from_name(name) {
+                Some(r) => k.with_q8_rounding(r),
+                None => {
+                    log::warn!("EDGE_RUN_Q8_ROUNDING={name} is not ref/arm/x86; using the host's");
+                    k
+                }
+            },
+        }
+    }
+
+    fn detect_isa() -> Kernels {
+        let want = std::env::var("EDGE_RUN_ISA").ok();
+        match want.as_deref() {
+            None | Some("") | Some("auto") => Kernels::best(),
+            Some(name) if ISA_NAMES.contains(&name) => Kernels::by_name(name).unwrap_or_else(|| {
+                log::warn!(
+                    "EDGE_RUN_ISA={name} but this CPU or build has no {name} kernels; using scalar kernels"
+                );
+                Kernels::scalar()
+            }),
+            Some(other) => {
+                log::warn!(
+                    "EDGE_RUN_ISA={other} is not known (use one of {}); detecting the CPU",
+                    ISA_NAMES.join(", ")
+                );
+                Kernels::best()
+            }
+        }
+    }
+
+    /// The best kernels this CPU runs (activation rounding [`Q8Rounding::GgmlRef`], like every
+    /// constructor but [`Kernels::detect`]).
+    pub fn best() -> Kernels {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(k) = Kernels::avx512().or_else(Kernels::avx2) {
+            return k;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if let Some(k) = Kernels::neon() {
+            return k;
+        }
+        Kernels::scalar()
+    }
+
+    /// The kernels of the instruction set named `name` (one of [`ISA_NAMES`]), if this CPU and
+    /// this build have them; `neon` is the best NEON variant (with `sdot` where the CPU has the
+    /// dot-product instructions). Activation rounding is [`Q8Rounding::GgmlRef`]; use
+    /// [`Kernels::with_q8_rounding`] (with [`Q8Rounding::host`] to match [`Kernels::detect`]).
+    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0, Q4_1, Q8_0,
+    /// repacked Q4_K, Q5_K and Q6_K, which give the same bits.
+    pub fn by_name(name: &str) -> Option<Kernels> {
+        match name {
+            "scalar" => Some(Kernels::scalar()),
+            #[cfg(target_arch = "x86_64")]
+            "avx2" => Kernels::avx2(),
+            #[cfg(target_arch = "x86_64")]
+            "avx512" => Kernels::avx512(),
+            #[cfg(target_arch = "aarch64")]
+            "neon" => Kernels::neon(),
+            _ => None,
+        }
+    }
+
+    /// Every kernel set this CPU runs, scalar first: what tests compare against each other. On
+    /// aarch64 with the dot-product instructions both NEON variants are listed.
+    pub fn available() -> Vec<Kernels> {
+        #[allow(unused_mut)] // one entry on CPUs without SIMD kernels
+        let mut v = vec![Kernels::scalar()];
+        #[cfg(target_arch = "x86_64")]
+        v.extend(Kernels::avx2().into_iter().chain(Kernels::avx512()));
+        #[cfg(target_arch = "aarch64")]
+        {
+            v.extend(Kernels::neon_without_dotprod());
+            v.extend(Kernels::neon().filter(|k| k.isa_name() == "neon+dotprod"));
+        }
+        v
+    }
+
+    /// The scalar reference kernels (portable; what every SIMD variant is tested against).
+    pub fn scalar() -> Kernels {
+        Kernels {
+            isa: Isa::Scalar,
+            q8: Q8Rounding::GgmlRef,
+        }
+    }
+
+    /// The same kernels with another activation rounding flavour.
+    pub fn with_q8_rounding(self, q8: Q8Rounding) -> Kernels {
+        Kernels { q8, ..self }
+    }
+
+    /// The activation rounding flavour.
+    pub fn q8_rounding(&self) -> Q8Rounding {
+        self.q8
+    }
+
+    /// The AVX2 kernels, if this CPU has AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    pub fn avx2() -> Option<Kernels> {
+        x86::Token::detect().map(|t| Kernels {
+            isa: Isa::Avx2(t),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
+    /// The AVX-512 kernels (AVX2 plus AVX-512 F, BW, VL and VNNI kernels where they are
+    /// faster; bit-identical results), if this CPU has all of those.
+    #[cfg(target_arch = "x86_64")]
+    pub fn avx512() -> Option<Kernels> {
+        x86::Token::detect_avx512().map(|t| Kernels {
+            isa: Isa::Avx2(t),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
+    /// The NEON kernels, if this CPU has NEON (every aarch64 CPU Linux runs on): with `sdot` if
+    /// it has the dot-product instructions (ARMv8.2 `dotprod`, e.g. Orin's Cortex-A78AE), else
+    /// with widening multiplies.
+    #[cfg(target_arch = "aarch64")]
+    pub fn neon() -> Option<Kernels> {
+        neon::Token::detect().map(|t| Kernels {
+            isa: Isa::Neon(t),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
+    /// The NEON kernels with widening multiplies even where the CPU has `sdot` (results are
+    /// bit-identical to [`Kernels::neon`]'s; for tests and benchmarks).
+    #[cfg(target_arch = "aarch64")]
+    pub fn neon_without_dotprod() -> Option<Kernels> {
+        neon::Token::detect().map(|t| Kernels {
+            isa: Isa::Neon(t.without_dotprod()),
+            q8: Q8Rounding::GgmlRef,
+        })
+    }
+
+    /// The instruction set in use: `"scalar"`, `"avx2"`, `"avx512"`, `"neon"` or
+    /// `"neon+dotprod"`.
+    pub fn isa_name(&self) -> &'static str {
+        match self.isa {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(t) => {
+                if t.avx512() {
+                    "avx512"
+                } else {
+                    "avx2"
+                }
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon(t) => {
+                if t.dotprod() {
+                    "neon+dotprod"
+                } else {
+                    "neon"
+                }
+            }
+        }
+    }
+
+    /// [`quantize_row`] with this instruction set and this rounding flavour. Results are
+    /// bit-identical whatever the instruction set (for finite inputs).
+    pub fn quantize_row(
+        &self,
+        ty: GgmlType,
+        src: &[f32],
+        dst: &mut [u8],
+    ) -> Result<(), KernelError> {
+        if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) {
+            return quantize_row(ty, src, dst);
+        }
+        let need = check_len("quantize_row", ty, src.len(), dst.len())?;
+        let dst = &mut dst[..need];
+        let r = self.q8;
+        match (self.isa, ty) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) => avx2::quantize_row_q8_0(t, src, blocks_mut(dst), r),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), _) => avx2::quantize_row_q8_1(t, src, blocks_mut(dst), r),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q8_0) => neon::quantize_row_q8_0(t, src, blocks_mut(dst), r),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), _) => neon::quantize_row_q8_1(t, src, blocks_mut(dst), r),
+            (_, GgmlType::Q8_0) => q8_0::quantize_row_with(src, blocks_mut(dst), r),
+            _ => q8_1::quantize_row_with(src, blocks_mut(dst), r),
+        }
+        Ok(())
+    }
+
+    /// [`vec_dot`] with this instruction set (SIMD variants may differ from the scalar reference
+    /// in the last bits, by summation order).
+    ///
+    /// # Panics
+    /// If `w_ty` is unsupported.
+    pub fn vec_dot(&self, w_ty: GgmlType, n: usize, w_row: &[u8], x_row: &[u8]) -> f32 {
+        let x_ty = w_ty.vec_dot_type();
+        debug_assert!(
+            n.is_multiple_of(w_ty.block_size().max(1)),
+            "{n} not whole {w_ty} blocks"
+        );
+        let wb = n / w_ty.block_size().max(1) * w_ty.block_bytes();
+        let xb = n / x_ty.block_size().max(1) * x_ty.block_bytes();
+        debug_assert!(w_row.len() >= wb, "weight row too short");
+        debug_assert!(x_row.len() >= xb, "activation row too short");
+        let (w, x) = (&w_row[..wb], &x_row[..xb]);
+        match (self.isa, w_ty) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_1) => avx2::dot_q4_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) => avx2::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) => avx2::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_1) => neon::dot_q4_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_0) => neon::dot_q4_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q8_0) => neon::dot_q8_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_K) => neon_quants::dot_q4_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_K) => neon_quants::dot_q5_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q6_K) => neon_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_0) => neon_quants::dot_q5_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_1) => neon_quants::dot_q5_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_NL) => {
+                neon_quants::dot_iq4_nl_q8_0(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q2_K) => neon_quants::dot_q2_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q3_K) => neon_quants::dot_q3_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_XS) => {
+                neon_quants::dot_iq4_xs_q8_k(t, blocks(w), blocks(x))
+            }
+            // The scalar set on x86-64 adds in ggml's x86 order, as the avx2 set does.
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_1) => ggml_order::dot_q4_1_q8_1_x86(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_0) => ggml_order::dot_q4_0_q8_0_x86(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q8_0) => ggml_order::dot_q8_0_q8_0_x86(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_0) => avx2_quants::dot_q5_0_q8_0(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_1) => avx2_quants::dot_q5_1_q8_1(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) => {
+                avx2_quants::dot_iq4_nl_q8_0(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) => avx2_quants::dot_q4_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_K) => avx2_quants::dot_q5_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q6_K) => avx2_quants::dot_q6_k_q8_k(t, blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) => {
+                kquant_order::avx2::dot_q2_k_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q3_K) => {
+                kquant_order::avx2::dot_q3_k_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_XS) => {
+                kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(w), blocks(x))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) => kquant_order::dot_q2_k_q8_k(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q3_K) => kquant_order::dot_q3_k_q8_k(blocks(w), blocks(x)),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_XS) => kquant_order::dot_iq4_xs_q8_k(blocks(w), blocks(x)),
+            (_, GgmlType::F32) => f32::vec_dot(w, x),
+            (_, GgmlType::F16) => f16::vec_dot(w, x),
+            (_, GgmlType::BF16) => bf16::vec_dot(w, x),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q4_0) => q4_0::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q4_1) => q4_1::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q8_0) => q8_0::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q8_1) => q8_1::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q5_0) => q5_0::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q5_1) => q5_1::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q2_K) => q2_k::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q3_K) => q3_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q4_K) => q4_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q5_K) => q5_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q6_K) => q6_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Q8_K) => q8_k::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::IQ4_NL) => iq4_nl::vec_dot(blocks(w), blocks(x)),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::IQ4_XS) => iq4_xs::vec_dot(blocks(w), blocks(x)),
+            (_, GgmlType::Unsupported(id)) => panic!("vec_dot: unsupported weight type id {id}"),
+        }
+    }
+
+    /// `y[i] = dot(W row rows.start + i, x)` for every row in `rows`: `W` is the raw bytes of a
+    /// matrix of type `w_ty` whose rows have `n` elements (row `r` starts at byte
+    /// `r * row_bytes(n)`), `x_q` is the activation already quantized to
+    /// `w_ty.vec_dot_type()` (see [`GgmlType::vec_dot_type`]).
+    ///
+    /// `y` is indexed relative to `rows.start` (`y.len() == rows.len()`), so that threads can
+    /// split one output with `chunks_mut` / `split_at_mut`.
+    ///
+    /// `w` must be the whole matrix: on x86-64 its row count (`w.len() / row_bytes(n)`) decides
+    /// the summation order of Q4_0, IQ4_NL, Q4_K and Q2_K, as llama.cpp repacks those matrices
+    /// when it is a multiple of 8 (see `repack.rs`).
+    ///
+    /// # Panics
+    /// If `w_ty` is unsupported, `n` is not whole blocks, `y.len() != rows.len()`, or `w` / `x_q`
+    /// are too short (the executor sizes them from the validated model, so these are bugs).
+    pub fn matvec(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        x_q: &[u8],
+        rows: Range<usize>,
+        y: &mut [f32],
+    ) {
+        let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+        assert_eq!(y.len(), rows.len(), "matvec: y must have one slot per row");
+        assert!(x_q.len() >= xb, "matvec: activation too short");
+        // llama.cpp repacks some types into 8-row groups, by the whole matrix's row count.
+        #[cfg(target_arch = "x86_64")]
+        let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+        #[cfg(target_arch = "x86_64")]
+        let w_matrix = w;
+        let w = w_rows;
+        let x = &x_q[..xb];
+        if rb == 0 {
+            y.fill(0.0);
+            return;
+        }
+        // The AVX2 Q4_0/Q4_1/Q8_0 kernels of avx2.rs prefetch inside their loops.
+        #[cfg(target_arch = "x86_64")]
+        let streams_itself = match self.isa {
+            Isa::Avx2(_) => {
+                matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+                    || (w_ty == GgmlType::Q4_0 && !repacked)
+                    || w_ty == GgmlType::Q6_K
+                    || (w_ty == GgmlType::Q4_K && repacked)
+            }
+            _ => false,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let streams_itself = false;
+        // One dispatch per call; the per-row closure is monomorphic in the type.
+        macro_rules! rows_with {
+            ($dot:expr) => {
+                for (i, (yi, wr)) in y.iter_mut().zip(w.chunks_exact(rb)).enumerate() {
+                    if !streams_itself {
+                        prefetch_ahead(w, (i + 1) * rb + PREFETCH_BYTES, rb);
+                    }
+                    *yi = $dot(wr);
+                }
+            };
+        }
+        // Eight rows per call (row r in SIMD lane r, as llama.cpp's repacked gemv holds them),
+        // the rest one by one.
+        #[cfg(target_arch = "x86_64")]
+        macro_rules! rows8_with {
+            ($dot8:expr, $dot:expr) => {{
+                let (y8, y1) = y.split_at_mut(y.len() / 8 * 8);
+                let (w8, w1) = w.split_at(y8.len() * rb);
+                for (g, (ys, ws)) in y8
+                    .chunks_exact_mut(8)
+                    .zip(w8.chunks_exact(8 * rb))
+                    .enumerate()
+                {
+                    // The kernel prefetches the next 8 rows (past this call's, where the
+                    // matrix has them: this thread's next call reads them).
+                    let next = (rows.start + 8 * g + 8) * rb;
+                    let ahead =
+                        &w_matrix[next.min(w_matrix.len())..(next + 8 * rb).min(w_matrix.len())];
+                    let rows8 = std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
+                    ys.copy_from_slice(&$dot8(rows8, ahead));
+                }
+                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+                    *yi = $dot(blocks(wr));
+                }
+            }};
+        }
+        // Two rows per call with the AVX-512 two-row kernels (they stream their own weights).
+        #[cfg(target_arch = "x86_64")]
+        macro_rules! rows2_with {
+            ($t:expr, $dot2:path, $dot:path) => {{
+                let xb = blocks(x);
+                let (y2, y1) = y.split_at_mut(y.len() / 2 * 2);
+                let (w2, w1) = w.split_at(y2.len() * rb);
+                for (ys, ws) in y2.chunks_exact_mut(2).zip(w2.chunks_exact(2 * rb)) {
+                    let pair = [blocks(&ws[..rb]), blocks(&ws[rb..])];
+                    ys.copy_from_slice(&$dot2($t, pair, xb));
+                }
+                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+                    *yi = $dot($t, blocks(wr), xb);
+                }
+            }};
+        }
+        match (self.isa, w_ty) {
+            // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                // The activation's per-block sums, once for all groups of 8 rows.
+                let mut stack = [q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS];
+                let mut heap = Vec::new();
+                let a = if y.len() >= 8 {
+                    q4_0_rows::prepared::<BlockQ4_0>(t, xb, &mut stack, &mut heap)
+                } else {
+                    &[]
+                };
+                rows8_with!(
+                    |rows8, ahead| q4_0_rows::dot_q4_0_q8_0_rows8(t, rows8, xb, a, ahead),
+                    |wr| repack::avx2::dot_q4_0_q8_0(t, wr, xb)
+                )
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) if repacked => {
+                let xb = blocks(x);
+                let mut stack = [q4_0_rows::ActBlock::default(); q4_0_rows::STACK_BLOCKS];
+                let mut heap = Vec::new();
+                let a = if y.len() >= 8 {
+                    q4_0_rows::prepared::<iq4_nl::BlockIq4Nl>(t, xb, &mut stack, &mut heap)
+                } else {
+                    &[]
+                };
+                rows8_with!(
+                    |rows8, ahead| q4_0_rows::dot_iq4_nl_q8_0_rows8(t, rows8, xb, a, ahead),
+                    |wr| repack::avx2::dot_iq4_nl_q8_0(t, wr, xb)
+                )
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) if repacked && t.avx512() => {
+                // One row at a time, front to back, prefetching ahead in the loop: one call of a
+                // decode step streams its rows from memory, and a sequential stream keeps more
+                // of it in flight than the 16-row groups of `matvec_tokens` (1.2x the decode
+                // speed of the 1.1B Q4_K_M model). Same bits as those groups.
+                let xb = blocks(x);
+                for (yi, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+                    *yi = q4_k_rows::dot_q4_k_q8_k_row(t, blocks(wr), xb);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) if repacked => {
+                rows_with!(|wr| repack::avx2::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) if repacked => {
+                rows_with!(|wr| repack::dot_q2_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_0) if repacked => {
+                let xb = blocks(x);
+                rows_with!(|wr| repack::dot_q4_0_q8_0(blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_NL) if repacked => {
+                rows_with!(|wr| repack::dot_iq4_nl_q8_0(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_K) if repacked => {
+                rows_with!(|wr| repack::dot_q4_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q2_K) => {
+                rows_with!(|wr| kquant_order::avx2::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q3_K) => {
+                rows_with!(|wr| kquant_order::avx2::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_XS) => {
+                rows_with!(|wr| kquant_order::avx2::dot_iq4_xs_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q2_K) => {
+                rows_with!(|wr| kquant_order::dot_q2_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q3_K) => {
+                rows_with!(|wr| kquant_order::dot_q3_k_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::IQ4_XS) => {
+                rows_with!(|wr| kquant_order::dot_iq4_xs_q8_k(blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_1) if t.avx512() => {
+                rows2_with!(t, avx2::dot_q4_1_q8_1_rows2, avx2::dot_q4_1_q8_1)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) if t.avx512() => {
+                rows2_with!(t, avx2::dot_q8_0_q8_0_rows2, avx2::dot_q8_0_q8_0)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q4_1_q8_1(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q4_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| avx2::dot_q8_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_0) => {
+                rows_with!(|wr| avx2_quants::dot_q5_0_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_1) => {
+                rows_with!(|wr| avx2_quants::dot_q5_1_q8_1(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_NL) => {
+                rows_with!(|wr| avx2_quants::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_K) => {
+                rows_with!(|wr| avx2_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_K) => {
+                rows_with!(|wr| avx2_quants::dot_q5_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q6_K) => {
+                rows_with!(|wr| avx2_quants::dot_q6_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| neon::dot_q4_1_q8_1(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| neon::dot_q4_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| neon::dot_q8_0_q8_0(t, blocks(wr), xb))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q4_K) => {
+                rows_with!(|wr| neon_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_K) => {
+                rows_with!(|wr| neon_quants::dot_q5_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q6_K) => {
+                rows_with!(|wr| neon_quants::dot_q6_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_0) => {
+                rows_with!(|wr| neon_quants::dot_q5_0_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q5_1) => {
+                rows_with!(|wr| neon_quants::dot_q5_1_q8_1(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_NL) => {
+                rows_with!(|wr| neon_quants::dot_iq4_nl_q8_0(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q2_K) => {
+                rows_with!(|wr| neon_quants::dot_q2_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::Q3_K) => {
+                rows_with!(|wr| neon_quants::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "aarch64")]
+            (Isa::Neon(t), GgmlType::IQ4_XS) => {
+                rows_with!(|wr| neon_quants::dot_iq4_xs_q8_k(t, blocks(wr), blocks(x)))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| ggml_order::dot_q4_1_q8_1_x86(blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| ggml_order::dot_q4_0_q8_0_x86(blocks(wr), xb))
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Scalar, GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| ggml_order::dot_q8_0_q8_0_x86(blocks(wr), xb))
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q4_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q4_1::vec_dot(blocks(wr), xb))
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q4_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q4_0::vec_dot(blocks(wr), xb))
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q8_0) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q8_0::vec_dot(blocks(wr), xb))
+            }
+            (_, GgmlType::Q8_1) => {
+                let xb = blocks(x);
+                rows_with!(|wr| q8_1::vec_dot(blocks(wr), xb))
+            }
+            (_, GgmlType::Q5_0) => rows_with!(|wr| q5_0::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q5_1) => rows_with!(|wr| q5_1::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q2_K) => rows_with!(|wr| q2_k::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::Q3_K) => rows_with!(|wr| q3_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q4_K) => rows_with!(|wr| q4_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q5_K) => rows_with!(|wr| q5_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q6_K) => rows_with!(|wr| q6_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::Q8_K) => rows_with!(|wr| q8_k::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::IQ4_NL) => rows_with!(|wr| iq4_nl::vec_dot(blocks(wr), blocks(x))),
+            #[cfg(not(target_arch = "x86_64"))]
+            (_, GgmlType::IQ4_XS) => rows_with!(|wr| iq4_xs::vec_dot(blocks(wr), blocks(x))),
+            (_, GgmlType::F32) => rows_with!(|wr| f32::vec_dot(wr, x)),
+            (_, GgmlType::F16) => rows_with!(|wr| f16::vec_dot(wr, x)),
+            (_, GgmlType::BF16) => rows_with!(|wr| bf16::vec_dot(wr, x)),
+            (_, GgmlType::Unsupported(_)) => unreachable!("rejected by row_bytes_checked"),
+        }
+    }
+}
+
+/// How far ahead of the row being computed [`Kernels::matvec`] asks for weight bytes. Decoding
+/// streams each matrix once from memory, and the hardware prefetchers restart at every 4 KiB page:
+/// explicit prefetches keep enough cache-line requests in flight to approach the memory bandwidth.
+const PREFETCH_BYTES: usize = 1024;
+
+/// Hints the CPU to load `w[start..start + len]` into cache; ranges past the end are clipped.
+#[inline(always)]
+fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let end = (start + len).min(w.len());
+        let mut at = start;
+        while at < end {
+            // SAFETY: `at < w.len()`, so the pointer is inside `w`; a prefetch reads nothing
+            // architecturally and cannot fault.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    w.as_ptr().add(at).cast(),
+                )
+            };
+            at += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, start, len);
+}
+
+/// Activation rows [`Kernels::matvec_tokens`] takes at once.
+pub const MATVEC_TOKENS: usize = 4;
+
+/// Activation rows [`Kernels::matvec_tokens8`] takes at once.
+pub const MATVEC_TOKENS8: usize = 8;
+
+impl Kernels {
+    /// [`Kernels::matvec`] for [`MATVEC_TOKENS`] activation rows at once: `y[t][i] = dot(W row
+    /// rows.start + i, x_q[t])`. Results are bit-identical to `MATVEC_TOKENS` calls of
+    /// `matvec`; each weight row is loaded and unpacked once for all of them (prefill). Returns
+    /// false, having done nothing, where this instruction set has no such kernel for `w_ty`:
+    /// the caller then runs `matvec` per token.
+    ///
+    /// # Panics
+    /// As [`Kernels::matvec`].
+    pub fn matvec_tokens(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        x_q: [&[u8]; MATVEC_TOKENS],
+        rows: Range<usize>,
+        y: [&mut [f32]; MATVEC_TOKENS],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa {
+            let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+            // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
+            let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+            if !(matches!(
+                w_ty,
+                GgmlType::Q4_1
+                    | GgmlType::Q4_0
+                    | GgmlType::Q8_0
+                    | GgmlType::Q4_K
+                    | GgmlType::Q5_K
+                    | GgmlType::Q6_K
+                    | GgmlType::Q5_0
+                    | GgmlType::Q5_1
+            ) || (w_ty == GgmlType::IQ4_NL && repacked))
+            {
+                return false;
+            }
+            assert!(
+                x_q.iter().all(|x| x.len() >= xb),
+                "matvec: activation too short"
+            );
+            assert!(
+                y.iter().all(|y| y.len() == rows.len()),
+                "matvec: y must have one slot per row"
+            );
+            let w = w_rows;
+            let x = x_q.map(|x| &x[..xb]);
+            let mut y = y;
+            if rb == 0 {
+                y.iter_mut().for_each(|y| y.fill(0.0));
+                return true;
+            }
+            macro_rules! rows_with {
+                ($dot:path) => {{
+                    let xbl = x.map(|x| blocks(x));
+                    for (i, wr) in w.chunks_exact(rb).enumerate() {
+                        let r = $dot(t, blocks(wr), xbl);
+                        for (yt, rt) in y.iter_mut().zip(r) {
+                            yt[i] = rt;
+                        }
+                    }
+                }};
+            }
+            match w_ty {
+                GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
+                // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
+                GgmlType::Q4_0 if repacked => {
+                    q4_0_rows::matvec_x4_q4_0(t, w, rb, x.map(blocks), &mut y)
+                }
+                GgmlType::IQ4_NL => q4_0_rows::matvec_x4_iq4_nl(t, w, rb, x.map(blocks), &mut y),
+                GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
+                GgmlType::Q4_K if repacked && t.avx512() => {
+                    q4_k_rows::matvec_q4_k(t, w, rb, x.map(blocks), y)
+                }
+                GgmlType::Q4_K if repacked => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
+                GgmlType::Q4_K => rows_with!(avx2_quants::dot_q4_k_q8_k_xn),
+                // llama.cpp never repacks Q6_K on x86: any row count.
+                GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
+                GgmlType::Q5_K => rows_with!(avx2_quants::dot_q5_k_q8_k_xn),
+                // llama.cpp never repacks Q5_0 / Q5_1: any row count.
+                GgmlType::Q5_0 => rows_with!(avx2_quants::dot_q5_0_q8_0_xn),
+                GgmlType::Q5_1 => rows_with!(avx2_quants::dot_q5_1_q8_1_xn),
+                _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
+            }
+            return true;
+        }
+        let _ = (w_ty, n, w, x_q, rows, y);
+        false
+    }
+}
+
+impl Kernels {
+    /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
+    /// from sharing each weight block's unpacking among 8 tokens (Q4_1 and repacked Q4_0 with
+    /// AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
+    /// Results are bit-identical to one token at a time.
+    ///
+    /// # Panics
+    /// As [`Kernels::matvec_tokens`].
+    pub fn matvec_tokens8(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        x_q: [&[u8]; MATVEC_TOKENS8],
+        rows: Range<usize>,
+        y: [&mut [f32]; MATVEC_TOKENS8],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa {
+            if !t.avx512() || !matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1) {
+                return false;
+            }
+            let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+            let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+            if rb == 0 || (w_ty == GgmlType::Q4_0 && !repacked) {
+                return false;
+            }
+            assert!(
+                x_q.iter().all(|x| x.len() >= xb),
+                "matvec: activation too short"
+            );
+            assert!(
+                y.iter().all(|y| y.len() == rows.len()),
+                "matvec: y must have one slot per row"
+            );
+            let mut y = y;
+            if w_ty == GgmlType::Q4_0 {
+                let x = x_q.map(|x| blocks(&x[..xb]));
+                q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y);
+                return true;
+            }
+            let x = x_q.map(|x| blocks::<BlockQ8_1>(&x[..xb]));
+            for (i, wr) in w_rows.chunks_exact(rb).enumerate() {
+                let r = avx2::dot_q4_1_q8_1_x8(t, blocks(wr), x);
+                for (yt, rt) in y.iter_mut().zip(r) {
+                    yt[i] = rt;
+                }
+            }
+            return true;
+        }
+        let _ = (w_ty, n, w, x_q, rows, y);
+        false
+    }
+}
+
+impl Default for Kernels {
+    fn default() -> Self {
+        Kernels::detect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,851 @@
+//! Tests of the public entry points: dispatch by type, errors, SIMD variants against the scalar
+//! references, and a matvec timing (`--ignored`).
+
+use super::block::{f16_le, f16_le_bytes};
+use super::*;
+use crate::testutil::Rng;
+
+const ALL: [GgmlType; 7] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q8_1,
+];
+
+fn bytes_of(ty: GgmlType, n: usize) -> usize {
+    ty.row_bytes(n as u64).unwrap() as usize
+}
+
+/// A random, well-formed weight row of `n` elements of `ty` (quantized from random floats).
+fn weight_row(r: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; bytes_of(ty, n)];
+    quantize_row(ty, &r.vec(n, 0.1), &mut b).unwrap();
+    b
+}
+
+#[test]
+fn f16_conversion_exhaustive() {
+    for h in 0..=u16::MAX {
+        let want = half::f16::from_bits(h).to_f32();
+        let got = f16_bits_to_f32(h);
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "{h:#06x}"
+        );
+    }
+}
+
+/// Every type the table says the CPU computes with has a dequantizer, its activation type
+/// a quantizer, and the pair a dot product (every kernel set this CPU has) on whole blocks.
+#[test]
+fn the_type_table_and_the_kernels_agree() {
+    let mut r = Rng::new(3);
+    for ty in GgmlType::weight_types().filter(|t| t.backends().cpu) {
+        let n = 256;
+        let xt = ty.vec_dot_type();
+        let w = r.bytes(bytes_of(ty, n));
+        let mut out = vec![0.0f32; n];
+        dequantize_row(ty, &w, &mut out).unwrap_or_else(|e| panic!("{ty}: {e}"));
+        let mut x = vec![0u8; bytes_of(xt, n)];
+        quantize_row(xt, &r.vec(n, 1.0), &mut x).unwrap_or_else(|e| panic!("{xt}: {e}"));
+        for k in Kernels::available() {
+            let _ = k.vec_dot(ty, n, &w, &x);
+        }
+    }
+}
+
+#[test]
+fn errors() {
+    let mut out = [0.0f32; 32];
+    assert!(matches!(
+        dequantize_row(GgmlType::Unsupported(12), &[0; 144], &mut out),
+        Err(KernelError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        dequantize_row(GgmlType::Q4_1, &[0; 20], &mut out[..31]),
+        Err(KernelError::NotBlockMultiple {
+            n: 31,
+            block: 32,
+            ..
+        })
+    ));
+    assert_eq!(
+        dequantize_row(GgmlType::Q4_1, &[0; 19], &mut out),
+        Err(KernelError::BufferTooSmall {
+            op: "dequantize_row",
+            ty: GgmlType::Q4_1,
+            n: 32,
+            need: 20,
+            have: 19
+        })
+    );
+    let mut dst = [0u8; 33];
+    assert!(matches!(
+        quantize_row(GgmlType::Q8_0, &[0.0; 32], &mut dst),
+        Err(KernelError::BufferTooSmall {
+            need: 34,
+            have: 33,
+            ..
+        })
+    ));
+    assert!(matches!(
+        quantize_row(GgmlType::Unsupported(6), &[0.0; 32], &mut [0u8; 64]),
+        Err(KernelError::Unsupported { .. })
+    ));
+    // Longer buffers are fine: only the front is used.
+    assert!(dequantize_row(GgmlType::Q8_0, &[0; 40], &mut out).is_ok());
+    let e = KernelError::NotBlockMultiple {
+        op: "x",
+        ty: GgmlType::Q4_0,
+        n: 3,
+        block: 32,
+    };
+    assert_eq!(
+        e.to_string(),
+        "x: 3 elements is not a multiple of the q4_0 block size 32"
+    );
+}
+
+#[test]
+fn byte_api_is_alignment_agnostic() {
+    // The same Q4_1 row at offsets 0 and 1 of a buffer decodes and dots identically.
+    let mut r = Rng::new(100);
+    let row = weight_row(&mut r, GgmlType::Q4_1, 64);
+    let mut buf = vec![0u8; row.len() + 1];
+    buf[1..].copy_from_slice(&row);
+    let (mut a, mut b) = ([0.0f32; 64], [0.0f32; 64]);
+    dequantize_row(GgmlType::Q4_1, &row, &mut a).unwrap();
+    dequantize_row(GgmlType::Q4_1, &buf[1..], &mut b).unwrap();
+    assert_eq!(a, b);
+    let mut x = vec![0u8; bytes_of(GgmlType::Q8_1, 64)];
+    quantize_row(GgmlType::Q8_1, &r.vec(64, 1.0), &mut x).unwrap();
+    let mut xbuf = vec![0u8; x.len() + 3];
+    xbuf[3..].copy_from_slice(&x);
+    assert_eq!(
+        vec_dot(GgmlType::Q4_1, 64, &row, &x),
+        vec_dot(GgmlType::Q4_1, 64, &buf[1..], &xbuf[3..])
+    );
+}
+
+#[test]
+fn vec_dot_every_type_matches_dequantized() {
+    let mut r = Rng::new(101);
+    for ty in ALL {
+        for nb in [1usize, 3, 18] {
+            let n = nb * 32;
+            let w = weight_row(&mut r, ty, n);
+            let xt = ty.vec_dot_type();
+            let mut x = vec![0u8; bytes_of(xt, n)];
+            quantize_row(xt, &r.vec(n, 1.0), &mut x).unwrap();
+            let (mut wd, mut xd) = (vec![0.0; n], vec![0.0; n]);
+            dequantize_row(ty, &w, &mut wd).unwrap();
+            dequantize_row(xt, &x, &mut xd).unwrap();
+            let want: f64 = wd
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            let mag: f64 = wd
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| f64::from((a * b).abs()))
+                .sum();
+            let got = f64::from(vec_dot(ty, n, &w, &x));
+            // Q4_1's m*s term uses the f16 s: a little looser.
+            let tol = if ty == GgmlType::Q4_1 { 2e-3 } else { 1e-5 };
+            assert!(
+                (got - want).abs() <= tol * (1e-3 + mag),
+                "{ty} nb={nb}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matvec_rows_relative_output() {
+    let mut r = Rng::new(102);
+    let k = Kernels::scalar();
+    for ty in ALL {
+        let (n, nrows) = (96, 7);
+        let w: Vec<u8> = (0..nrows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+        let xt = ty.vec_dot_type();
+        let mut x = vec![0u8; bytes_of(xt, n)];
+        quantize_row(xt, &r.vec(n, 1.0), &mut x).unwrap();
+        let rb = bytes_of(ty, n);
+        let mut y = vec![f32::NAN; 4];
+        k.matvec(ty, n, &w, &x, 2..6, &mut y);
+        for (i, yi) in y.iter().enumerate() {
+            let row = &w[(2 + i) * rb..(3 + i) * rb];
+            assert_eq!(*yi, vec_dot(ty, n, row, &x), "{ty} row {}", 2 + i);
+        }
+        let mut none: Vec<f32> = vec![];
+        k.matvec(ty, n, &w, &x, 3..3, &mut none);
+    }
+}
+
+/// The multi-token kernels give, for every token, exactly the bits of the one-token matvec, on
+/// random rows of several lengths (including one block) and row ranges; without such a kernel
+/// the call declines.
+#[test]
+fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
+    let mut r = Rng::new(41);
+    for k in all_kernels() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::F16,
+        ] {
+            for n in [32usize, 96, 576, 2048] {
+                let rows = 7;
+                let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+                let xt = ty.vec_dot_type();
+                let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
+                    .map(|_| {
+                        let mut b = vec![0u8; bytes_of(xt, n)];
+                        k.quantize_row(xt, &r.vec(n, 1.0), &mut b).unwrap();
+                        b
+                    })
+                    .collect();
+                // An even and an odd number of rows (kernels take rows in pairs or eights).
+                for range in [1..rows, 0..rows] {
+                    let mut got = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS];
+                    let [a, b, c, d] = &mut got[..] else {
+                        unreachable!()
+                    };
+                    let done = k.matvec_tokens(
+                        ty,
+                        n,
+                        &w,
+                        std::array::from_fn(|t| &xs[t][..]),
+                        range.clone(),
+                        [a, b, c, d],
+                    );
+                    if !done {
+                        assert!(
+                            got.iter().flatten().all(|v| v.is_nan()),
+                            "declined but wrote"
+                        );
+                        continue;
+                    }
+                    for (t, x) in xs.iter().enumerate() {
+                        let mut want = vec![0.0f32; range.len()];
+                        k.matvec(ty, n, &w, x, range.clone(), &mut want);
+                        // matvec (several rows at once where a kernel exists) = one vec_dot per row.
+                        let rb = bytes_of(ty, n);
+                        for (i, r) in range.clone().enumerate() {
+                            let one = k.vec_dot(ty, n, &w[r * rb..(r + 1) * rb], x);
+                            assert_eq!(
+                                one.to_bits(),
+                                want[i].to_bits(),
+                                "{} {ty} row {r}",
+                                k.isa_name()
+                            );
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got[t]),
+                            bits(&want),
+                            "{} {ty} n={n} token {t}",
+                            k.isa_name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The 8-token entry equals one token at a time, bit for bit, on matrices llama.cpp repacks
+/// (16-row groups, a leftover group of 8 and single rows, ranges not starting at 0), and
+/// declines what it has no kernel for.
+#[test]
+fn matvec_tokens8_equals_one_token_at_a_time() {
+    use super::MATVEC_TOKENS8;
+    let mut r = Rng::new(77);
+    for k in all_kernels() {
+        for (ty, rows, range) in [
+            (GgmlType::Q4_0, 16usize, 0..16usize),
+            (GgmlType::Q4_0, 40, 0..40),
+            (GgmlType::Q4_0, 40, 3..40),
+            (GgmlType::Q4_0, 24, 5..21),
+            (GgmlType::Q4_1, 7, 0..7),
+            (GgmlType::Q4_1, 40, 3..40),
+        ] {
+            let n = 256;
+            let xt = ty.vec_dot_type();
+            let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+            let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS8)
+                .map(|_| {
+                    let mut b = vec![0u8; bytes_of(xt, n)];
+                    k.quantize_row(xt, &r.vec(n, 1.0), &mut b).unwrap();
+                    b
+                })
+                .collect();
+            let mut got = vec![vec![f32::NAN; range.len()]; MATVEC_TOKENS8];
+            let ys: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
+            let ys: [&mut [f32]; MATVEC_TOKENS8] = ys.try_into().unwrap();
+            let done = k.matvec_tokens8(
+                ty,
+                n,
+                &w,
+                std::array::from_fn(|t| &xs[t][..]),
+                range.clone(),
+                ys,
+            );
+            if !done {
+                assert!(
+                    got.iter().flatten().all(|v| v.is_nan()),
+                    "declined but wrote"
+                );
+                continue;
+            }
+            for (t, x) in xs.iter().enumerate() {
+                let mut want = vec![0.0f32; range.len()];
+                k.matvec(ty, n, &w, x, range.clone(), &mut want);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got[t]),
+                    bits(&want),
+                    "{} rows {rows} token {t}",
+                    k.isa_name()
+                );
+            }
+        }
+        // Q8_0 has no 8-token kernel.
+        let w = weight_row(&mut r, GgmlType::Q8_0, 32);
+        let x = vec![0u8; bytes_of(GgmlType::Q8_0, 32)];
+        let mut ys = [[0.0f32; 1]; MATVEC_TOKENS8];
+        let [a, b, c, d, e, f, g, h] = &mut ys;
+        assert!(!k.matvec_tokens8(
+            GgmlType::Q8_0,
+            32,
+            &w,
+            [&x[..]; MATVEC_TOKENS8],
+            0..1,
+            [a, b, c, d, e, f, g, h]
+        ));
+    }
+}
+
+#[test]
+fn detect_honours_env_and_names() {
+    assert_eq!(Kernels::scalar().isa_name(), "scalar");
+    let k = Kernels::detect();
+    assert!(["scalar", "avx2", "avx512", "neon", "neon+dotprod"].contains(&k.isa_name()));
+    if std::env::var("EDGE_RUN_ISA").is_err() {
+        assert_eq!(k.isa_name(), Kernels::best().isa_name());
+    }
+    if std::env::var("EDGE_RUN_Q8_ROUNDING").is_err() {
+        assert_eq!(k.q8_rounding(), Q8Rounding::host());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let want = if Kernels::avx512().is_some() {
+            "avx512"
+        } else if Kernels::avx2().is_some() {
+            "avx2"
+        } else {
+            "scalar"
+        };
+        assert_eq!(Kernels::best().isa_name(), want);
+        assert_eq!(
+            Kernels::avx512().is_some(),
+            is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let dot = std::arch::is_aarch64_feature_detected!("dotprod");
+        let want = if dot { "neon+dotprod" } else { "neon" };
+        assert_eq!(Kernels::best().isa_name(), want);
+        assert_eq!(Kernels::by_name("neon").unwrap().isa_name(), want);
+        assert_eq!(Kernels::neon_without_dotprod().unwrap().isa_name(), "neon");
+        assert!(Kernels::by_name("avx2").is_none());
+    }
+    // Every name is accepted; a path this build or CPU lacks is None, an unknown name too.
+    for name in ISA_NAMES {
+        if let Some(k) = Kernels::by_name(name) {
+            assert!(k.isa_name().starts_with(name), "{name}: {}", k.isa_name());
+        }
+    }
+    assert_eq!(Kernels::by_name("scalar"), Some(Kernels::scalar()));
+    assert!(Kernels::by_name("sse9").is_none());
+    let names: Vec<&str> = Kernels::available().iter().map(|k| k.isa_name()).collect();
+    assert_eq!(names[0], "scalar");
+    assert!(names.contains(&Kernels::best().isa_name()));
+}
+
+/// Every available instruction set (on aarch64 with `dotprod`: both NEON variants).
+fn all_kernels() -> Vec<Kernels> {
+    Kernels::available()
+}
+
+#[test]
+fn simd_quantize_bit_identical() {
+    let mut r = Rng::new(103);
+    for k in all_kernels() {
+        for nb in [1usize, 2, 3, 5, 7, 17, 33, 48] {
+            let n = nb * 32;
+            let mut x = r.vec(n, 4.0);
+            // Exact ties and special values: with amax = 127 per block, d = 1 and the inputs are
+            // already the scaled values.
+            for (i, b) in x.chunks_mut(32).enumerate() {
+                b[0] = if i % 2 == 0 { 127.0 } else { -127.0 };
+                b[1] = 0.5;
+                b[2] = -0.5;
+                b[3] = 2.5;
+                b[4] = -3.5;
+                b[5] = 0.49999997;
+                b[6] = -0.0;
+                b[7] = 126.5;
+            }
+            if nb > 3 {
+                x[64..96].fill(0.0); // an all-zero block
+                for v in &mut x[96..128] {
+                    *v *= 1e-30; // d underflows f16 (stored 0) but quants use the f32 d
+                }
+            }
+            for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+                let mut a = vec![0u8; bytes_of(ty, n)];
+                let mut b = vec![0xAAu8; bytes_of(ty, n)];
+                quantize_row(ty, &x, &mut a).unwrap();
+                k.quantize_row(ty, &x, &mut b).unwrap();
+                assert_eq!(a, b, "{} {ty} nb={nb}", k.isa_name());
+                for r in FLAVOURS {
+                    let s = Kernels::scalar().with_q8_rounding(r);
+                    s.quantize_row(ty, &x, &mut a).unwrap();
+                    k.with_q8_rounding(r).quantize_row(ty, &x, &mut b).unwrap();
+                    assert_eq!(a, b, "{} {ty} nb={nb} {r:?}", k.isa_name());
+                }
+            }
+            // Random scales (no forced ties).
+            let y: Vec<f32> = r
+                .vec(n, 1.0)
+                .iter()
+                .map(|v| v * 10f32.powi((v * 8.0) as i32))
+                .collect();
+            for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+                let mut a = vec![0u8; bytes_of(ty, n)];
+                let mut b = vec![0u8; bytes_of(ty, n)];
+                quantize_row(ty, &y, &mut a).unwrap();
+                k.quantize_row(ty, &y, &mut b).unwrap();
+                assert_eq!(a, b, "{} {ty} nb={nb} random", k.isa_name());
+                for r in FLAVOURS {
+                    let s = Kernels::scalar().with_q8_rounding(r);
+                    s.quantize_row(ty, &y, &mut a).unwrap();
+                    k.with_q8_rounding(r).quantize_row(ty, &y, &mut b).unwrap();
+                    assert_eq!(a, b, "{} {ty} nb={nb} random {r:?}", k.isa_name());
+                }
+            }
+        }
+        // Non-quantized activation types go through the same entry point.
+        let mut f = [0u8; 8];
+        k.quantize_row(GgmlType::F16, &[1.0, 2.0, 3.0, 4.0], &mut f)
+            .unwrap();
+        assert_eq!(f, [0x00, 0x3C, 0x00, 0x40, 0x00, 0x42, 0x00, 0x44]);
+    }
+}
+
+const FLAVOURS: [Q8Rounding; 3] = [
+    Q8Rounding::GgmlRef,
+    Q8Rounding::GgmlArm,
+    Q8Rounding::GgmlX86,
+];
+
+#[test]
+fn q8_rounding_flavours_hand() {
+    // Block 0: amax = 0.3. 1/d = 423.33334 but 127/amax = 423.3333, so x86 scales 0.003543307 to
+    // 1.4999999 (-> 1) where the others get the exact tie 1.5 (-> 2 away from zero, 2 to even).
+    // Block 1: amax = 127, d = 1: exact ties 0.5, 2.5, -1.5, -0.5.
+    let mut x = [0.0f32; 64];
+    x[..3].copy_from_slice(&[0.3, 0.003543307, 0.0082677165]);
+    x[32..37].copy_from_slice(&[127.0, 0.5, 2.5, -1.5, -0.5]);
+    let want: [(Q8Rounding, [i8; 3], [i8; 5]); 3] = [
+        (Q8Rounding::GgmlRef, [127, 2, 4], [127, 1, 3, -2, -1]),
+        (Q8Rounding::GgmlArm, [127, 2, 4], [127, 0, 2, -2, 0]),
+        (Q8Rounding::GgmlX86, [127, 1, 3], [127, 0, 2, -2, 0]),
+    ];
+    for k in all_kernels() {
+        for (r, b0, b1) in want {
+            let mut q0 = [0u8; 68];
+            k.with_q8_rounding(r)
+                .quantize_row(GgmlType::Q8_0, &x, &mut q0)
+                .unwrap();
+            let q: Vec<i8> = q0.iter().map(|&b| b as i8).collect();
+            assert_eq!(&q[2..5], &b0, "{} {r:?}", k.isa_name());
+            assert_eq!(&q[36..41], &b1, "{} {r:?}", k.isa_name());
+            let mut q1 = [0u8; 72];
+            k.with_q8_rounding(r)
+                .quantize_row(GgmlType::Q8_1, &x, &mut q1)
+                .unwrap();
+            let q: Vec<i8> = q1.iter().map(|&b| b as i8).collect();
+            assert_eq!(&q[4..7], &b0, "{} {r:?}", k.isa_name());
+            assert_eq!(&q[40..45], &b1, "{} {r:?}", k.isa_name());
+            // s = f16(sum(q) * d) for the second block, d = 1.
+            let s: i32 = b1.iter().map(|&v| i32::from(v)).sum();
+            assert_eq!(f16_le([q1[38], q1[39]]), s as f32, "{r:?}");
+        }
+    }
+    assert_eq!(Q8Rounding::from_name("x86"), Some(Q8Rounding::GgmlX86));
+    assert_eq!(Q8Rounding::from_name("even"), None);
+    assert_eq!(Kernels::scalar().q8_rounding(), Q8Rounding::GgmlRef);
+}
+
+#[test]
+fn simd_dots_match_scalar() {
+    let mut r = Rng::new(104);
+    for k in all_kernels() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for nb in [1usize, 2, 3, 5, 7, 18, 33, 48, 49] {
+                let n = nb * 32;
+                let xt = ty.vec_dot_type();
+                // Random raw weight bytes (any nibble / any i8, incl. -128) with sane scales.
+                let mut w = r.bytes(bytes_of(ty, n));
+                let bb = ty.block_bytes();
+                for blk in w.chunks_mut(bb) {
+                    blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                    if ty == GgmlType::Q4_1 {
+                        blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.2)));
+                    }
+                }
+                let mut x = vec![0u8; bytes_of(xt, n)];
+                quantize_row(xt, &r.vec(n, 2.0), &mut x).unwrap();
+                let want = vec_dot(ty, n, &w, &x);
+                let got = k.vec_dot(ty, n, &w, &x);
+                // Same exact per-block integers; only the f32 summation order differs.
+                let (mut wd, mut xd) = (vec![0.0; n], vec![0.0; n]);
+                dequantize_row(ty, &w, &mut wd).unwrap();
+                dequantize_row(xt, &x, &mut xd).unwrap();
+                let mag: f32 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum();
+                let ms: f32 = if ty == GgmlType::Q4_1 {
+                    let (wb, xb): (&[BlockQ4_1], &[BlockQ8_1]) = (blocks(&w), blocks(&x));
+                    wb.iter().zip(xb).map(|(a, b)| (a.m() * b.s()).abs()).sum()
+                } else {
+                    0.0
+                };
+                let tol = 1e-5 * (mag + ms) + 1e-6;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{} {ty} nb={nb}: {got} vs {want}",
+                    k.isa_name()
+                );
+                // And through matvec (2 rows).
+                let w2 = [w.clone(), w.clone()].concat();
+                let mut y = [0.0f32; 2];
+                k.matvec(ty, n, &w2, &x, 0..2, &mut y);
+                assert_eq!(y, [got, got]);
+            }
+        }
+    }
+}
+
+/// On x86-64 the scalar set adds in ggml's AVX2 order (`ggml_order::dot_*_x86`), so it equals
+/// the avx2 set bit for bit: every instruction-set path gives llama.cpp's tokens.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn scalar_dots_follow_the_avx2_order_bit_for_bit() {
+    let simd: Vec<Kernels> = ["avx2", "avx512"]
+        .iter()
+        .filter_map(|n| Kernels::by_name(n))
+        .collect();
+    if simd.is_empty() {
+        eprintln!("no AVX2 on this CPU: skipped");
+        return;
+    }
+    let scalar = Kernels::by_name("scalar").unwrap();
+    let mut r = Rng::new(105);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for nb in [1usize, 2, 3, 7, 33, 48] {
+            let n = nb * 32;
+            let xt = ty.vec_dot_type();
+            let mut w = r.bytes(bytes_of(ty, n));
+            for blk in w.chunks_mut(ty.block_bytes()) {
+                blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                if ty == GgmlType::Q4_1 {
+                    blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.2)));
+                }
+            }
+            let mut x = vec![0u8; bytes_of(xt, n)];
+            quantize_row(xt, &r.vec(n, 2.0), &mut x).unwrap();
+            let a = scalar.vec_dot(ty, n, &w, &x);
+            for k in &simd {
+                let b = k.vec_dot(ty, n, &w, &x);
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} {ty} nb={nb}: {a} vs {b}",
+                    k.isa_name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn q8_0_extremes_exact() {
+    // -128 * -128 and 127 * -128 in every lane: the SIMD path must not use the sign trick.
+    let mut w = vec![0u8; 34 * 3];
+    let mut x = vec![0u8; 34 * 3];
+    for (i, (bw, bx)) in w.chunks_mut(34).zip(x.chunks_mut(34)).enumerate() {
+        bw[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+        bx[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+        for j in 2..34 {
+            bw[j] = if i == 1 { 127 } else { 0x80 };
+            bx[j] = 0x80;
+        }
+    }
+    let want = 2.0 * 32.0 * 16384.0 - 32.0 * 127.0 * 128.0;
+    for k in all_kernels() {
+        assert_eq!(
+            k.vec_dot(GgmlType::Q8_0, 96, &w, &x),
+            want,
+            "{}",
+            k.isa_name()
+        );
+    }
+}
+
+/// `cargo test --release -p edge-engine --lib cpu::tests::bench -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_matvec_q4_1() {
+    use std::time::Instant;
+    let mut r = Rng::new(105);
+    // SmolLM2's matrices, and its Q8_0 output head.
+    for (ty, rows, n) in [
+        (GgmlType::Q4_1, 576usize, 1536usize),
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 49152, 576),
+        (GgmlType::Q8_0, 49152, 576),
+    ] {
+        let xt = ty.vec_dot_type();
+        let mut w = r.bytes(bytes_of(ty, n) * rows);
+        for blk in w.chunks_mut(ty.block_bytes()) {
+            blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+        }
+        let mut x = vec![0u8; bytes_of(xt, n)];
+        quantize_row(xt, &r.vec(n, 1.0), &mut x).unwrap();
+        let mut y = vec![0.0f32; rows];
+        for k in all_kernels() {
+            // The machine is shared: report the fastest call (least disturbed) and the mean.
+            let reps = (200_000_000 / w.len()).max(5);
+            k.matvec(ty, n, &w, &x, 0..rows, &mut y);
+            let (mut best, mut total) = (f64::MAX, 0.0);
+            for _ in 0..reps {
+                let t = Instant::now();
+                k.matvec(ty, n, &w, &x, 0..rows, &mut y);
+                std::hint::black_box(&mut y);
+                let s = t.elapsed().as_secs_f64();
+                best = best.min(s);
+                total += s;
+            }
+            let mean = total / reps as f64;
+            println!(
+                "{ty} matvec {rows}x{n} ({:.2} MB) {:>6}: best {:8.1} us {:6.2} GB/s, mean {:6.2} GB/s",
+                w.len() as f64 / 1e6,
+                k.isa_name(),
+                best * 1e6,
+                w.len() as f64 / best / 1e9,
+                w.len() as f64 / mean / 1e9
+            );
+        }
+        for k in all_kernels() {
+            let xf = r.vec(n, 1.0);
+            let reps = 20_000;
+            let t = Instant::now();
+            for _ in 0..reps {
+                k.quantize_row(xt, &xf, &mut x).unwrap();
+                std::hint::black_box(&mut x);
+            }
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            println!("{xt} quantize {n} {:>6}: {:8.2} us", k.isa_name(), s * 1e6);
+        }
+    }
+}
+
+/// The NEON kernels: both variants (`sdot` where the CPU has it, widening multiplies always)
+/// equal the scalar emulation of ggml's NEON order bit for bit, on random and extreme blocks.
+#[cfg(target_arch = "aarch64")]
+mod neon_order {
+    use super::super::neon::arm_order;
+    use super::*;
+
+    fn neon_kernels() -> Vec<Kernels> {
+        let v: Vec<Kernels> = Kernels::available()
+            .into_iter()
+            .filter(|k| k.isa_name().starts_with("neon"))
+            .collect();
+        // qemu-aarch64 (`-cpu max`, its user-mode default) and Orin both have dotprod; a
+        // machine without it still tests the widening variant.
+        eprintln!(
+            "NEON variants tested: {:?} (dotprod detected: {})",
+            v.iter().map(|k| k.isa_name()).collect::<Vec<_>>(),
+            std::arch::is_aarch64_feature_detected!("dotprod")
+        );
+        assert!(!v.is_empty());
+        v
+    }
+
+    /// Raw random blocks of `ty` (any nibble / any i8) with random scales; `extreme` makes every
+    /// weight quant the most negative value (-128 for q8_0, nibble 0 = -8 for q4_0), puts
+    /// -128 in the activations and zeroes some scales.
+    fn rows(r: &mut Rng, ty: GgmlType, nb: usize, extreme: bool) -> (Vec<u8>, Vec<u8>) {
+        let n = nb * 32;
+        let xt = ty.vec_dot_type();
+        let mut w = r.bytes(bytes_of(ty, n));
+        for (i, blk) in w.chunks_mut(ty.block_bytes()).enumerate() {
+            let d = if extreme && i % 3 == 1 {
+                0.0
+            } else {
+                r.f32(0.05)
+            };
+            blk[..2].copy_from_slice(&f16_le_bytes(d));
+            let q = if ty == GgmlType::Q4_1 {
+                blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.2)));
+                4
+            } else {
+                2
+            };
+            if extreme {
+                let v = if ty == GgmlType::Q8_0 { 0x80 } else { 0x00 };
+                blk[q..].fill(v);
+            }
+        }
+        let mut x = vec![0u8; bytes_of(xt, n)];
+        quantize_row(xt, &r.vec(n, 2.0), &mut x).unwrap();
+        if extreme {
+            let q = if xt == GgmlType::Q8_1 { 4 } else { 2 };
+            for (i, blk) in x.chunks_mut(xt.block_bytes()).enumerate() {
+                blk[q..].fill(0x80); // -128 everywhere
+                if i % 4 == 2 {
+                    blk[..2].fill(0); // d_x = 0
+                }
+            }
+        }
+        (w, x)
+    }
+
+    fn emulated(ty: GgmlType, w: &[u8], x: &[u8]) -> f32 {
+        match ty {
+            GgmlType::Q4_1 => arm_order::dot_q4_1(blocks(w), blocks(x)),
+            GgmlType::Q4_0 => arm_order::dot_q4_0(blocks(w), blocks(x)),
+            _ => arm_order::dot_q8_0(blocks(w), blocks(x)),
+        }
+    }
+
+    #[test]
+    fn dots_follow_ggml_neon_order_bit_for_bit() {
+        let mut r = Rng::new(200);
+        let ks = neon_kernels();
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for nb in [1usize, 2, 3, 4, 7, 33, 48] {
+                for extreme in [false, true] {
+                    let (w, x) = rows(&mut r, ty, nb, extreme);
+                    let n = nb * 32;
+                    let want = emulated(ty, &w, &x);
+                    for k in &ks {
+                        let got = k.vec_dot(ty, n, &w, &x);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{} {ty} nb={nb} extreme={extreme}: {got} vs {want}",
+                            k.isa_name()
+                        );
+                    }
+                    // And close to the scalar reference (another order).
+                    let s = vec_dot(ty, n, &w, &x);
+                    let (mut wd, mut xd) = (vec![0.0; n], vec![0.0; n]);
+                    dequantize_row(ty, &w, &mut wd).unwrap();
+                    dequantize_row(ty.vec_dot_type(), &x, &mut xd).unwrap();
+                    let mag: f32 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum();
+                    let ms: f32 = if ty == GgmlType::Q4_1 {
+                        let (wb, xb): (&[BlockQ4_1], &[BlockQ8_1]) = (blocks(&w), blocks(&x));
+                        wb.iter().zip(xb).map(|(a, b)| (a.m() * b.s()).abs()).sum()
+                    } else {
+                        0.0
+                    };
+                    assert!(
+                        (want - s).abs() <= 1e-5 * (mag + ms) + 1e-6,
+                        "{ty} nb={nb} extreme={extreme}: {want} vs scalar {s}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_integers_are_exact() {
+        // Q8_0 weights and activations all -128 with d = 1: every lane of every block is
+        // 8 * 16384; 33 blocks sum exactly to 33 * 32 * 16384. Q4_0 nibble 0 (-8) times -128.
+        let nb = 33;
+        let mut w = vec![0u8; 34 * nb];
+        let mut x = vec![0u8; 34 * nb];
+        for (bw, bx) in w.chunks_mut(34).zip(x.chunks_mut(34)) {
+            bw[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+            bx[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+            bw[2..].fill(0x80);
+            bx[2..].fill(0x80);
+        }
+        let mut w4 = vec![0u8; 18 * nb];
+        for b in w4.chunks_mut(18) {
+            b[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+        }
+        for k in neon_kernels() {
+            assert_eq!(
+                k.vec_dot(GgmlType::Q8_0, 32 * nb, &w, &x),
+                (nb * 32 * 16384) as f32,
+                "{}",
+                k.isa_name()
+            );
+            assert_eq!(
+                k.vec_dot(GgmlType::Q4_0, 32 * nb, &w4, &x),
+                (nb * 32 * 8 * 128) as f32,
+                "{}",
+                k.isa_name()
+            );
+        }
+    }
+
+    #[test]
+    fn default_rounding_is_arm() {
+        assert_eq!(Q8Rounding::host(), Q8Rounding::GgmlArm);
+        if std::env::var("EDGE_RUN_Q8_ROUNDING").is_err() {
+            assert_eq!(Kernels::detect().q8_rounding(), Q8Rounding::GgmlArm);
+        }
+    }
+}
+
+/// Decode-like streaming of a weight matrix larger than the caches (700 MB of Q4_0): the
+/// bandwidth each kernel set reaches on one thread (`--ignored`, prints only).
+#[test]
+#[ignore]
+fn bench_matvec_q4_0_dram() {
+    use std::time::Instant;
+    let n = 2048;
+    let rows = 700_000_000 / bytes_of(GgmlType::Q4_0, n);
+    let mut r = Rng::new(7);
+    let row = weight_row(&mut r, GgmlType::Q4_0, n);
+    let w: Vec<u8> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+    let mut x = vec![0u8; bytes_of(GgmlType::Q8_0, n)];
+    quantize_row(GgmlType::Q8_0, &r.vec(n, 1.0), &mut x).unwrap();
+    let mut y = vec![0.0f32; rows];
+    for k in all_kernels() {
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t = Instant::now();
+            k.matvec(GgmlType::Q4_0, n, &w, &x, 0..rows, &mut y);
+            std::hint::black_box(&mut y);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "q4_0 matvec {rows}x{n} ({:.0} MB) {:>6}: {:6.2} GB/s",
+            w.len() as f64 / 1e6,
+            k.isa_name(),
+            w.len() as f64 / best / 1e9
+        );
+    }
+}
