@@ -141,7 +141,7 @@ impl fmt::Display for BudgetError {
         } else {
             writeln!(
                 f,
-                "  weights   {} (not counted; pass --count-weights to count them)",
+                "  weights   {} (not counted: this budget does not count the weights)",
                 format_size(d.weights)
             )?;
         }

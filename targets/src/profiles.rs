@@ -261,7 +261,7 @@ const HOST_SOURCE: &str = "/proc/meminfo at start-up: total = MemTotal, reserve 
 pub fn host() -> Result<Target, TargetError> {
     if !cfg!(target_os = "linux") {
         return Err(TargetError::Unsupported(
-            "reading host memory needs /proc/meminfo (Linux); pass --target <profile> or --mem-budget SIZE instead",
+            "reading host memory needs /proc/meminfo (Linux)",
         ));
     }
     let text = std::fs::read_to_string("/proc/meminfo")

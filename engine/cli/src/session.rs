@@ -53,7 +53,12 @@ impl MemoryFlags {
     pub fn budget(&self) -> Result<Option<edge_targets::Budget>, CliError> {
         let target = match self.target.as_deref() {
             None => None,
-            Some("host") => Some(edge_targets::host().map_err(|e| format!("--target host: {e}"))?),
+            Some("host") => Some(edge_targets::host().map_err(|e| match e {
+                e @ edge_targets::TargetError::Unsupported(_) => format!(
+                    "--target host: {e}; pass --target <profile> or --mem-budget SIZE instead"
+                ),
+                e => format!("--target host: {e}"),
+            })?),
             Some(name) => Some(
                 edge_targets::by_name(name)
                     .map_err(|e| CliError::usage(format!("--target: {e}")))?,
