@@ -57,7 +57,7 @@ cp "$TARGET/release/examples/synth_model" .gpu/bin/
 strip .gpu/bin/*
 SHARED="${EDGE_RUN_SHARED:-../shared}"
 cp "$SHARED"/reference/smollm2/greedy.jsonl "$SHARED"/reference/smollm2/logits-top10.jsonl .gpu/shared/reference/smollm2/
-cp -r tests/reference/smollm2-q4_k_m .gpu/shared/reference/
+cp -r tests/reference/smollm2-q4_k_m tests/reference/smollm2-q4_1 .gpu/shared/reference/
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 # Three parts, so that every call stays well under 64 MiB: 56 MiB alone in call 1, 14 MiB beside
 # Q4_K_M's 45 MiB second part in call 3, the last 24 MiB beside the 23 MiB of binaries in call 4.

@@ -8,7 +8,9 @@
 # Writes models/SmolLM2-135M-Instruct.<TYPE>.gguf (git-ignored). Needs llama-quantize: from
 # $LLAMA_QUANTIZE, or the peer built by ../shared/peer/build-llama-cpp.sh. Requantizing from Q4_1
 # loses accuracy, which does not matter here: llama.cpp's references run the same file.
-# Idempotent: existing files are kept (llama-quantize is deterministic for these types).
+# Idempotent: existing files are kept (llama-quantize is deterministic for these types). Every
+# file, new or kept, must have the sha256 pinned in tests/reference/quant-models.sha256 (the
+# references were made from exactly those files; the tests check it too): a mismatch is an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL_DIR="${EDGE_RUN_MODELS:-models}"
@@ -38,6 +40,17 @@ for t in "${TYPES[@]}"; do
     [ "${t%-pure}" != "$t" ] && pure=(--pure)
     "$Q" --allow-requantize "${pure[@]}" "$SRC" "$out.part" "${t%-pure}" 1 >/dev/null 2>&1 || { echo "error: llama-quantize $t failed" >&2; rm -f "$out.part"; exit 1; }
     mv "$out.part" "$out"
+  fi
+  name="$(basename "$out")"
+  want="$(awk -v n="$name" '$2 == n { print $1 }' tests/reference/quant-models.sha256)"
+  got="$(sha256sum "$out" | cut -d' ' -f1)"
+  if [ -z "$want" ]; then
+    echo "error: $name has no sha256 in tests/reference/quant-models.sha256 (its reference is unpinned)" >&2
+    exit 1
+  fi
+  if [ "$got" != "$want" ]; then
+    echo "error: $out has sha256 $got, not the $want its llama.cpp reference was made from; delete it and run this script again (with llama.cpp 0c1e570, ../shared/peer/build-llama-cpp.sh)" >&2
+    exit 1
   fi
   echo "$out"
 done

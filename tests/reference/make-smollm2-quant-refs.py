@@ -14,7 +14,14 @@ it) and writes tests/reference/smollm2-<type>/:
                       batch, whose kernels add in another order). Prompts: the three of
                       ../shared/reference/smollm2/logits-top10.jsonl, then the eight greedy
                       prompts each followed by its 32-token Q4_1 continuation text.
-llama.cpp: the peer build (../shared/peer/build-llama-cpp.sh), 1 thread, ctx 2048.
+llama.cpp: the peer build (../shared/peer/build-llama-cpp.sh), 1 thread, ctx 2048; or the build
+directory `$EDGE_RUN_PEER_BIN` names (a build of the same source with other CPU flags, e.g.
+without AVX-VNNI on a CPU that has AVX-512 VNNI but not the VEX form, where the peer's build
+stops at an illegal instruction).
+
+  tests/reference/make-smollm2-quant-refs.py Q4_1   # the Q4_1 file itself: smollm2-q4_1/, whose
+                                                    # logits along the greedy continuations judge
+                                                    # near-ties in tests/tests/cuda_reference.rs
 """
 import json, os, subprocess, sys
 
@@ -26,9 +33,10 @@ SHARED = os.path.join(ROOT, "..", "shared")
 def main():
     types = sys.argv[1:]
     peer = os.path.join(SHARED, "peer")
-    bindir = subprocess.check_output([os.path.join(peer, "build-llama-cpp.sh")], text=True).strip()
+    bindir = os.environ.get("EDGE_RUN_PEER_BIN") or subprocess.check_output(
+        [os.path.join(peer, "build-llama-cpp.sh")], text=True).strip()
     os.environ["LLAMA_CPP_LIB_PATH"] = bindir
-    sys.path.insert(0, os.path.abspath(os.path.join(bindir, "../../../..")))
+    sys.path.insert(0, os.path.abspath(os.path.join(bindir, "../../../..")))  # llama_cpp_python-*/
     import numpy as np
     from llama_cpp import Llama
 

@@ -1,10 +1,28 @@
 //! Helpers shared by the end-to-end tests in `tests/tests/`: where the reference data and the
-//! real model are, JSON-lines reading, greedy decoding as the reference does it, and a
-//! counting global allocator.
+//! real model are, what a test does when something it needs is missing ([`missing`]),
+//! JSON-lines reading, greedy decoding as the reference does it, and a counting global
+//! allocator.
 
 pub mod synth;
 
 use std::path::PathBuf;
+
+/// Whether this run is CI's: the environment variable `CI` is `true` or `1` (CI services set it).
+pub fn in_ci() -> bool {
+    matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
+}
+
+/// What a test does when something it needs is missing (`what`, and `how` to get it): outside
+/// CI it says so on stderr and the caller returns (a local run without, say, llama.cpp's
+/// quantizer still runs the rest); under `CI=true` it fails, naming both, because CI provides
+/// everything and a skip there would pass as a test that ran. Call it as
+/// `return missing(...)` or `missing(...); return`.
+pub fn missing(what: impl std::fmt::Display, how: impl std::fmt::Display) {
+    if in_ci() {
+        panic!("{what} is missing: {how} (CI=true: a test that cannot run fails)");
+    }
+    eprintln!("skipped: {what} is missing: {how}");
+}
 
 /// `../shared` beside the repository (override with `EDGE_RUN_SHARED`).
 pub fn shared_dir() -> PathBuf {
@@ -125,8 +143,8 @@ fn count() {
 }
 
 /// all-MiniLM-L6-v2 converted to GGUF by scripts/fetch-embed-model.sh (override with
-/// `EDGE_RUN_EMBED_MODEL`), or `None` with a line on stderr saying how to get it: the embedding
-/// tests then skip (CI runs the script first, through scripts/test.sh).
+/// `EDGE_RUN_EMBED_MODEL`), or `None` after [`missing`] (outside CI the embedding tests then
+/// skip; in CI, which runs the script first through scripts/test.sh, they fail).
 pub fn minilm_path() -> Option<PathBuf> {
     let p = match std::env::var_os("EDGE_RUN_EMBED_MODEL") {
         Some(p) => PathBuf::from(p),
@@ -137,9 +155,9 @@ pub fn minilm_path() -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        eprintln!(
-            "skipped: {} is missing; run scripts/fetch-embed-model.sh (scripts/test.sh does)",
-            p.display()
+        missing(
+            p.display(),
+            "run scripts/fetch-embed-model.sh (scripts/test.sh does)",
         );
         None
     }

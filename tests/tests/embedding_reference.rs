@@ -38,8 +38,7 @@ fn model_file_is_the_one_the_reference_was_made_from() {
     let out = match std::process::Command::new("sha256sum").arg(&path).output() {
         Ok(o) if o.status.success() => o,
         _ => {
-            eprintln!("skipped: sha256sum is not available");
-            return;
+            return edge_tests::missing("sha256sum", "install coreutils");
         }
     };
     let line = String::from_utf8_lossy(&out.stdout);
@@ -65,8 +64,11 @@ fn tokens_match_llama_cpp() {
     }
 }
 
-/// The acceptance criterion: cosine >= 0.999 with llama.cpp for every sentence; and the raw
-/// (unnormalised) vectors have the same length within 0.1% (measured: 1.2e-4).
+/// Every sentence's embedding points where llama.cpp's does and has its length. Measured: the
+/// smallest cosine over the 14 sentences is 0.9999998 (1 - cos <= 1.8e-7) and the raw
+/// (unnormalised) lengths agree within 1.2e-4. Asserted with a margin of about 5x and 2x:
+/// 1 - cos <= 1e-6, lengths within 2.5e-4. A kernel that is off (GELU in f32 instead of ggml's
+/// f16 table, a LayerNorm epsilon, a pooling off by one token) moves 1 - cos to 1e-4 or more.
 #[test]
 fn embeddings_match_llama_cpp() {
     let Some(path) = minilm_path() else { return };
@@ -93,9 +95,9 @@ fn embeddings_match_llama_cpp() {
             "cosine {c:.7} (1 - cos {:.1e})  norm {norm_got:.4} vs {norm_want:.4}  {short:?}",
             1.0 - c
         );
-        assert!(c >= 0.999, "{text:?}: cosine {c} < 0.999");
+        assert!(1.0 - c <= 1e-6, "{text:?}: cosine {c}: 1 - cos > 1e-6");
         assert!(
-            (norm_got / norm_want - 1.0).abs() < 1e-3,
+            (norm_got / norm_want - 1.0).abs() <= 2.5e-4,
             "{text:?}: norm {norm_got} vs {norm_want}"
         );
         min_cos = min_cos.min(c);

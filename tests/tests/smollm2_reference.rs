@@ -318,9 +318,16 @@ fn budget_refuses_or_picks_the_largest_context() {
 
 /// Tiled attention against the reference (made by llama.cpp's exact, non-flash path): the
 /// accuracy cost of an online softmax, with an f16 cache (`--flash-attn`) and with a q8_0 cache
-/// (half the memory). Prints top-1 agreement, logit errors and identical greedy continuations;
-/// the thresholds are the measured figures with a margin (see the README's KV cache section).
-fn tiled_attention_stays_close(kv_type: edge_engine::kv::KvType, flash_attn: bool) -> (f64, f32) {
+/// (half the memory). Measures top-1 agreement over the 60 teacher-forced positions, the logit
+/// errors over the reference's top 10, and how many of the 8 greedy continuations are identical.
+struct Tiled {
+    top1_same: usize,
+    mean_err: f64,
+    max_err: f32,
+    greedy_same: usize,
+}
+
+fn tiled_attention_stays_close(kv_type: edge_engine::kv::KvType, flash_attn: bool) -> Tiled {
     let model = model();
     let cfg = SessionConfig {
         ctx: Some(512),
@@ -366,32 +373,55 @@ fn tiled_attention_stays_close(kv_type: edge_engine::kv::KvType, flash_attn: boo
         kv_type.name(),
         greedy_cases.len()
     );
-    assert!(
-        top1_same * 100 >= positions * 95,
-        "top-1 {top1_same}/{positions}"
-    );
-    (mean_err, max_err)
+    assert_eq!(positions, 60);
+    Tiled {
+        top1_same,
+        mean_err,
+        max_err,
+        greedy_same,
+    }
 }
 
-/// A q8_0 KV cache: half the memory of f16, attention always tiled.
+/// A q8_0 KV cache: half the memory of f16, attention always tiled. Measured: top-1 58/60,
+/// |logit error| max 0.976, mean 0.252, 5 of 8 greedy continuations identical. Asserted with a
+/// margin of one position and about 20% on the errors; the greedy count is exact, because every
+/// x86-64 kernel set gives the same bits (a change there is a change of arithmetic).
 #[test]
 fn q8_0_kv_cache_stays_close_to_llama_cpp() {
-    let (mean_err, max_err) = tiled_attention_stays_close(edge_engine::kv::KvType::Q8_0, false);
+    let t = tiled_attention_stays_close(edge_engine::kv::KvType::Q8_0, false);
+    assert!(t.top1_same >= 57, "top-1 {}/60", t.top1_same);
     assert!(
-        mean_err < 0.4 && max_err < 2.0,
-        "mean {mean_err}, max {max_err}"
+        t.mean_err <= 0.30 && t.max_err <= 1.2,
+        "mean {}, max {}",
+        t.mean_err,
+        t.max_err
+    );
+    assert!(
+        t.greedy_same >= 5,
+        "{} of 8 greedy continuations identical",
+        t.greedy_same
     );
 }
 
 /// An f16 cache with tiled attention (`--flash-attn`): the math of llama.cpp's exact path in
 /// another order (f32 query, running softmax sums, f32 probabilities). Measured: top-1 57/60,
-/// max error 1.26, mean 0.21 — the same size as q8_0's, since 30 layers amplify last-bit
-/// differences through the q8 rounding of activations (see the README's correctness section).
+/// max error 1.261, mean 0.209, 3 of 8 greedy continuations identical: the same size as
+/// q8_0's, since 30 layers amplify last-bit differences through the q8 rounding of activations
+/// (see the README's correctness section). Asserted as for q8_0: top-1 >= 56, max <= 1.5,
+/// mean <= 0.25, greedy >= 3.
 #[test]
 fn flash_attention_stays_close_to_llama_cpp() {
-    let (mean_err, max_err) = tiled_attention_stays_close(edge_engine::kv::KvType::F16, true);
+    let t = tiled_attention_stays_close(edge_engine::kv::KvType::F16, true);
+    assert!(t.top1_same >= 56, "top-1 {}/60", t.top1_same);
     assert!(
-        mean_err < 0.4 && max_err < 2.0,
-        "mean {mean_err}, max {max_err}"
+        t.mean_err <= 0.25 && t.max_err <= 1.5,
+        "mean {}, max {}",
+        t.mean_err,
+        t.max_err
+    );
+    assert!(
+        t.greedy_same >= 3,
+        "{} of 8 greedy continuations identical",
+        t.greedy_same
     );
 }

@@ -132,8 +132,7 @@ fn c_example_generates_llama_cpp_text_static_shared_and_under_valgrind() {
     // process-wide tables built once (the tokenizer's Unicode table, its hash seeds), not
     // per-model or per-session memory.
     if Command::new("valgrind").arg("--version").output().is_err() {
-        println!("skipped: valgrind not installed");
-        return;
+        return edge_tests::missing("valgrind", "install it (Debian: apt-get install valgrind)");
     }
     let mut cmd = Command::new("valgrind");
     cmd.args([

@@ -779,12 +779,21 @@ fn chat_applies_the_models_template() {
     }
 }
 
+/// Seeded sampling through the CLI: the same seed gives the same text, another seed another
+/// text, and neither is the greedy text. The texts are recorded: made by this engine (commit
+/// 163b4c8, x86-64; every kernel set gives the same bits, so the same logits and the same
+/// draws) with `-f prompt.txt -n 12 --temp 0.9 -t 1 --ctx 64` and seeds 7 and 8. They pin the
+/// sampler's chain (penalties, top-k 40, top-p 0.95, min-p 0.05, temperature, the seeded
+/// xoshiro256** draw): sampling that silently became greedy, or drew from another distribution
+/// or generator, changes them. A deliberate change of the sampler records them again.
 #[test]
 fn sampling_is_reproducible_with_a_seed_and_prompt_file_works() {
+    const SEED_7: &str = ", a famous singer in Hollywood had a secret talent that no";
+    const SEED_8: &str = ", I used to work with a non-profit organization that";
     let m = model();
     let dir = TempDir::new("sampling");
     let file = dir.file("prompt.txt", b"Once upon a time");
-    let args = |seed: &'static str| {
+    let args = |seed: &'static str, temp: &'static str| {
         vec![
             s(&m).to_string(),
             "-f".into(),
@@ -792,7 +801,7 @@ fn sampling_is_reproducible_with_a_seed_and_prompt_file_works() {
             "-n".into(),
             "12".into(),
             "--temp".into(),
-            "0.9".into(),
+            temp.into(),
             "--seed".into(),
             seed.into(),
             "-t".into(),
@@ -801,9 +810,9 @@ fn sampling_is_reproducible_with_a_seed_and_prompt_file_works() {
             "64".into(),
         ]
     };
-    let seeds = ["7", "7", "8"];
-    let outs = par_map(&seeds, |seed| {
-        let a = args(seed);
+    let runs = [("7", "0.9"), ("7", "0.9"), ("8", "0.9"), ("7", "0")];
+    let outs = par_map(&runs, |&(seed, temp)| {
+        let a = args(seed, temp);
         run(&a.iter().map(String::as_str).collect::<Vec<_>>())
     });
     for o in &outs {
@@ -811,6 +820,18 @@ fn sampling_is_reproducible_with_a_seed_and_prompt_file_works() {
         assert!(!o.stdout.is_empty(), "{o:?}");
     }
     assert_eq!(outs[0].stdout, outs[1].stdout, "same seed, different text");
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(outs[0].stdout, SEED_7, "seed 7");
+        assert_eq!(outs[2].stdout, SEED_8, "seed 8");
+    }
+    assert_ne!(
+        outs[0].stdout, outs[2].stdout,
+        "seeds 7 and 8 gave the same text"
+    );
+    assert_ne!(
+        outs[0].stdout, outs[3].stdout,
+        "sampling gave the greedy text"
+    );
 }
 
 /// The context fills up during generation: it stops cleanly (not an error, not a panic).
@@ -1336,10 +1357,7 @@ fn minilm() -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        eprintln!(
-            "skipped: {} is missing; run scripts/fetch-embed-model.sh",
-            p.display()
-        );
+        edge_tests::missing(p.display(), "run scripts/fetch-embed-model.sh");
         None
     }
 }

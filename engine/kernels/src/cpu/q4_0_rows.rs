@@ -1292,7 +1292,7 @@ mod tests {
     /// Old (one register per row, then horizontal sums) against new (rows in the lanes) in the
     /// same process, runs interleaved, best of 15 each (`--ignored --nocapture`, prints only).
     #[test]
-    #[ignore]
+    #[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
     fn bench_q4_0_rows8() {
         use std::hint::black_box;
         use std::time::Instant;

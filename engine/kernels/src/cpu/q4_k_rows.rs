@@ -721,9 +721,9 @@ mod tests {
     /// Old (AVX2 set) against new (AVX-512 set) on the same data in one process: prefill
     /// (`matvec_tokens` over 16-row chunks, 64 tokens, as the executor calls it) and decode
     /// (`matvec` over a whole 5632 x 2048 matrix, one token). Best of several runs.
-    /// `cargo test --release -p edge-engine --lib bench_q4_k_rows -- --ignored --nocapture`
+    /// `cargo test --release -p edge-kernels --lib bench_q4_k_rows -- --ignored --nocapture`
     #[test]
-    #[ignore]
+    #[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
     fn bench_q4_k_rows() {
         use super::super::{Kernels, MATVEC_TOKENS};
         use edge_gguf::GgmlType as T;

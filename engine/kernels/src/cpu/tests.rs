@@ -609,9 +609,9 @@ fn q8_0_extremes_exact() {
     }
 }
 
-/// `cargo test --release -p edge-engine --lib cpu::tests::bench -- --ignored --nocapture`
+/// `cargo test --release -p edge-kernels --lib cpu::tests::bench -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
 fn bench_matvec_q4_1() {
     use std::time::Instant;
     let mut r = Rng::new(105);
@@ -822,7 +822,7 @@ mod neon_order {
 /// Decode-like streaming of a weight matrix larger than the caches (700 MB of Q4_0): the
 /// bandwidth each kernel set reaches on one thread (`--ignored`, prints only).
 #[test]
-#[ignore]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
 fn bench_matvec_q4_0_dram() {
     use std::time::Instant;
     let n = 2048;

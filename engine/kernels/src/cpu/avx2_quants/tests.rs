@@ -703,9 +703,9 @@ fn dispatch_equals_the_reference(
 /// Old (plain loop) against new kernels on the same data in one process: prefill-shaped (4
 /// tokens, a matrix that stays in L2) and decode-shaped (one token, a matrix larger than the
 /// caches). Prints best-of-several times and the ratios.
-/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench -- --ignored --nocapture`
+/// `cargo test --release -p edge-kernels --lib avx2_quants::tests::bench -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
 fn bench_q6_k() {
     use std::time::Instant;
     let Some(t) = token() else { return };
@@ -843,9 +843,9 @@ fn bench_q6_k() {
 }
 
 /// Q5_K: old (plain loop) against new kernels on the same data, as [`bench_q6_k`].
-/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench -- --ignored --nocapture`
+/// `cargo test --release -p edge-kernels --lib avx2_quants::tests::bench -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
 fn bench_q5_k() {
     use std::time::Instant;
     if token().is_none() {
@@ -940,9 +940,9 @@ fn bench_q5_k() {
 }
 
 /// Q4_K (the kernels for matrices llama.cpp does not repack): old against new, prefill-shaped.
-/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench -- --ignored --nocapture`
+/// `cargo test --release -p edge-kernels --lib avx2_quants::tests::bench -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
 fn bench_q4_k() {
     use std::time::Instant;
     let Some(t) = token() else { return };
@@ -1001,9 +1001,9 @@ fn bench_q4_k() {
 /// Q5_0 and Q5_1: old (plain loop) against new kernels on the same data, prefill-shaped (4
 /// tokens through SmolLM2-135M's 1536 x 576 matrix, in L2) and decode-shaped (one token
 /// through 16000 x 2048 via `Kernels::matvec`).
-/// `cargo test --release -p edge-engine --lib avx2_quants::tests::bench_q5_ -- --ignored --nocapture`
+/// `cargo test --release -p edge-kernels --lib avx2_quants::tests::bench_q5_ -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
 fn bench_q5_0_and_q5_1() {
     use std::time::Instant;
     if token().is_none() {
