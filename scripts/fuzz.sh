@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-30}"
-targets=(gguf tokenizer chat_template)
+targets=(gguf tokenizer chat_template model_metadata)
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 target_dir="${FUZZ_TARGET_DIR:-$PWD/target/fuzz}"
 # --target keeps these flags off build scripts and proc-macros.

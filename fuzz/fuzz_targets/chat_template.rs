@@ -4,10 +4,10 @@
 //! Input: template text, then after a NUL byte the messages as `role\x1fcontent` records
 //! separated by `\x1e`.
 //!
-//! Inputs using string concatenation or repetition (`~`, `+`, `*`) are skipped: minijinja
-//! bounds loops (fuel), recursion and output, but not the memory one expression may build
-//! (doubling a string 40 times in a loop takes 40 steps), so those would only find that
-//! known limit (see the README).
+//! Inputs using `+` are skipped: minijinja 3.1's fuel pays for the strings that `~`, `*`,
+//! filters and methods build, but not for materializing a list concatenated with itself 33
+//! times (`l = l + l`: 2^33 items), a known limit (see the README); `+` on strings is
+//! covered by the CLI's and the tokenizer crate's tests.
 #![no_main]
 
 use edge_tokenizers::chat::{ChatMessage, ChatTemplate, ChatTemplateLimits};
@@ -16,7 +16,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let (source, msgs) = text.split_once('\0').unwrap_or((&text, "user\x1fhello"));
-    if source.len() > 4096 || source.contains(['~', '+', '*']) {
+    if source.len() > 4096 || source.contains('+') {
         return;
     }
     let messages: Vec<ChatMessage> = msgs

@@ -4,6 +4,7 @@
 //! allocator.
 
 pub mod synth;
+pub mod tiny;
 
 use std::path::PathBuf;
 

@@ -85,6 +85,10 @@ fn random_weights() -> Weights {
 }
 
 fn gguf_bytes(w: &Weights, pooling_type: Option<u32>, arch: &str) -> Vec<u8> {
+    gguf_bytes_with_eps(w, pooling_type, arch, EPS)
+}
+
+fn gguf_bytes_with_eps(w: &Weights, pooling_type: Option<u32>, arch: &str, eps: f32) -> Vec<u8> {
     let mut g = GgufWriter::new();
     g.add_str("general.architecture", arch);
     g.add_u32(&format!("{arch}.block_count"), LAYERS as u32);
@@ -92,7 +96,7 @@ fn gguf_bytes(w: &Weights, pooling_type: Option<u32>, arch: &str) -> Vec<u8> {
     g.add_u32(&format!("{arch}.embedding_length"), D as u32);
     g.add_u32(&format!("{arch}.feed_forward_length"), FF as u32);
     g.add_u32(&format!("{arch}.attention.head_count"), HEADS as u32);
-    g.add_f32(&format!("{arch}.attention.layer_norm_epsilon"), EPS);
+    g.add_f32(&format!("{arch}.attention.layer_norm_epsilon"), eps);
     g.add_bool(&format!("{arch}.attention.causal"), false);
     if let Some(p) = pooling_type {
         g.add_u32(&format!("{arch}.pooling_type"), p);
@@ -358,6 +362,50 @@ fn bad_inputs_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("blk.1.layer_output_norm.bias"), "{err}");
+}
+
+/// An epsilon that is NaN, infinite, zero or negative is refused at load, naming the key and
+/// the value: it would make every vector NaN.
+#[test]
+fn a_layer_norm_epsilon_that_cannot_work_is_refused() {
+    let w = random_weights();
+    for eps in [f32::NAN, f32::INFINITY, 0.0, -1e-12] {
+        let bytes = gguf_bytes_with_eps(&w, Some(1), "bert", eps);
+        let err = Model::from_gguf(Gguf::from_bytes(bytes).unwrap()).unwrap_err();
+        match &err {
+            EngineError::Metadata { key, problem } => {
+                assert_eq!(key, "bert.attention.layer_norm_epsilon");
+                assert!(problem.contains(&eps.to_string()), "{problem}");
+            }
+            other => panic!("eps {eps}: expected Metadata, got {other:?}"),
+        }
+    }
+}
+
+/// Weights that make the vector NaN or infinite end with an error, not a printed NaN vector.
+#[test]
+fn a_non_finite_embedding_is_an_error() {
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut w = random_weights();
+        w.0.iter_mut()
+            .find(|(n, _, _)| n == "blk.1.ffn_down.bias")
+            .unwrap()
+            .2[0] = bad;
+        let m = model(&w, Some(1)).unwrap();
+        let mut e = Embedder::new(Arc::clone(&m), &EmbedConfig::default()).unwrap();
+        let err = e.embed(&["a b"]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EngineError::NonFinite {
+                    what: "the embedding",
+                    ..
+                }
+            ),
+            "{bad}: {err:?}"
+        );
+        assert!(err.to_string().contains("not finite"), "{err}");
+    }
 }
 
 #[test]

@@ -16,10 +16,12 @@
 //!   (`ensure_ascii=False`, separators `", "` / `": "`, keys in insertion order, no HTML
 //!   escaping), accepting `indent`, `ensure_ascii`, `separators` and `sort_keys`.
 //!
-//! A hostile template cannot hang or recurse without bound: each render runs with a fuel budget
-//! (instructions), a recursion limit and a cap on the output size (see [`ChatTemplateLimits`]).
-//! Not bounded: a template can still build a large string in few instructions (say by doubling
-//! it in a loop); the fuel budget only limits how many such steps it takes.
+//! A hostile template cannot hang, recurse or allocate without bound: each render runs with a
+//! fuel budget that pays for instructions *and* for the data they create (minijinja 3 charges
+//! strings and lists built by operators, filters and methods, ahead of building them where their
+//! size is known: `'x' * n`, `indent(n)`, format widths, `.replace`), a recursion limit and a
+//! cap on the output size (see [`ChatTemplateLimits`]); our `tojson` checks its own output as it
+//! grows. A string doubled in a loop runs out of fuel at about `64 * fuel` bytes.
 
 mod json;
 mod time;
@@ -58,7 +60,10 @@ impl ChatMessage {
 /// Resource limits applied to every render.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChatTemplateLimits {
-    /// Template instructions one render may execute.
+    /// The fuel one render may use: about one unit per instruction executed and per 64 bytes
+    /// of data it creates (strings and lists from operators, literals, filters, methods; its
+    /// output), paid before a value whose size is known ahead is built. It bounds both time and
+    /// memory: `n` fuel allocate at most about `64 n` bytes.
     pub fuel: u64,
     /// Nesting depth (loops, macro calls, recursive loops); at most 500, minijinja's maximum.
     pub recursion: usize,
@@ -67,11 +72,12 @@ pub struct ChatTemplateLimits {
 }
 
 impl Default for ChatTemplateLimits {
-    /// 5,000,000 instructions, depth 128, 16 MiB of output: far above what real templates need
-    /// for long conversations, small enough to stop a runaway template within a second.
+    /// 2,000,000 fuel, depth 128, 16 MiB of output: far above what real templates need for
+    /// long conversations, small enough to stop a runaway template within a second and to keep
+    /// what it can allocate near 128 MB (fuel pays for data too: see [`ChatTemplateLimits::fuel`]).
     fn default() -> Self {
         ChatTemplateLimits {
-            fuel: 5_000_000,
+            fuel: 2_000_000,
             recursion: 128,
             max_output_bytes: 16 << 20,
         }
@@ -92,8 +98,11 @@ pub enum ChatTemplateError {
     /// The template called `raise_exception(message)`.
     #[error("chat template raised an exception: {0}")]
     Raised(String),
-    /// The render executed more instructions than [`ChatTemplateLimits::fuel`] allows.
-    #[error("chat template stopped: it ran more than {limit} instructions (runaway loop?)")]
+    /// The render used more fuel (instructions and data) than [`ChatTemplateLimits::fuel`]
+    /// allows.
+    #[error(
+        "chat template stopped: it used up its fuel of {limit} (instructions, and data it creates: a runaway loop, or a string or list grown too large?)"
+    )]
     OutOfFuel {
         /// The budget that was exhausted.
         limit: u64,
@@ -176,13 +185,21 @@ impl ChatTemplate {
         limits: ChatTemplateLimits,
     ) -> Result<ChatTemplate, ChatTemplateError> {
         let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_keep_trailing_newline(false);
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .keep_trailing_newline(false)
+                .build()
+                .map_err(|e| ChatTemplateError::Syntax {
+                    line: None,
+                    message: detail(&e),
+                })?,
+        );
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_fuel(Some(limits.fuel));
         env.set_recursion_limit(limits.recursion);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python_method);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
@@ -216,7 +233,15 @@ impl ChatTemplate {
             .get_template(TEMPLATE_NAME)
             .map_err(|e| self.convert(e, false))?;
         let ctx = minijinja::context! {
-            messages => messages,
+            messages => Value::from(
+                messages
+                    .iter()
+                    .map(|m| Value::from_pairs([
+                        ("role", m.role.as_str()),
+                        ("content", m.content.as_str()),
+                    ]))
+                    .collect::<Vec<_>>()
+            ),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
@@ -302,6 +327,63 @@ impl io::Write for CappedWriter {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// The widest field `str.format` may pad to in a template: real templates pad nothing, and
+/// minijinja's `str.format` (unlike its `format` filter) builds the padding before the fuel
+/// budget sees it, so `'{:>20000000000}'.format(x)` would allocate 20 GB.
+const MAX_FORMAT_WIDTH: u64 = 1 << 16;
+
+/// Python's string, list and dict methods (minijinja-contrib's pycompat), with `str.format`'s
+/// widths and precisions checked first.
+fn python_method(
+    state: &mut minijinja::State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if method == "format" {
+        if let Some(s) = value.as_str() {
+            check_format_widths(s)?;
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Refuses a `str.format` string whose replacement fields ask for a width or precision above
+/// [`MAX_FORMAT_WIDTH`], or take one from an argument (a nested `{}`).
+fn check_format_widths(format: &str) -> Result<(), Error> {
+    let refuse = |what: String| {
+        Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "str.format: {what} (chat templates pad at most {MAX_FORMAT_WIDTH} characters)"
+            ),
+        ))
+    };
+    let mut rest = format;
+    while let Some(open) = rest.find('{') {
+        rest = &rest[open + 1..];
+        if let Some(after) = rest.strip_prefix('{') {
+            rest = after; // `{{` is a literal brace
+            continue;
+        }
+        let close = rest.find('}').unwrap_or(rest.len());
+        let field = &rest[..close];
+        rest = &rest[close.min(rest.len())..];
+        let Some((_, spec)) = field.split_once(':') else {
+            continue;
+        };
+        if spec.contains('{') {
+            return refuse(format!("a width from an argument in '{{{field}}}'"));
+        }
+        for run in spec.split(|c: char| !c.is_ascii_digit()) {
+            if !run.is_empty() && run.parse::<u64>().map_or(true, |n| n > MAX_FORMAT_WIDTH) {
+                return refuse(format!("width or precision {run} in '{{{field}}}'"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `raise_exception(msg)`: fails the render with `msg`, as transformers' helper does.

@@ -70,7 +70,8 @@ typedef enum edgerun_stop_reason {
 typedef struct edgerun_model edgerun_model;
 
 // A session (opaque): one conversation's KV cache, arena and threads. Use it from one thread
-// at a time.
+// at a time. A call on it while another is running (from a generation callback, or from
+// another thread) fails instead of corrupting it: see [`crate::ptr::session_lock`].
 typedef struct edgerun_session edgerun_session;
 
 // How to size a session; 0 in a field means its default. Get the defaults from
@@ -122,7 +123,9 @@ typedef struct edgerun_generate_params {
 // true to continue, false to stop. If generation ends with bytes of an incomplete character
 // held back, a last call passes `token` = `EDGERUN_TOKEN_NONE` and their lossy text; its
 // return value is ignored. The callback must not unwind (throw a C++ exception or longjmp)
-// out of itself, and must not use the session it was called for.
+// out of itself. A call on the session it was called for (reset, step, generate, free, ...)
+// fails with `EDGERUN_ERR_INVALID_ARGUMENT` and changes nothing: return false to stop, then
+// make the call.
 typedef bool (*edgerun_token_callback)(void *user_data, uint32_t token, const char *text, size_t len);
 
 // What `edgerun_generate` did.
@@ -234,7 +237,8 @@ enum edgerun_status edgerun_token_to_piece(const struct edgerun_model *model,
 struct edgerun_session_params edgerun_session_params_default(void);
 
 // Opens a session on `model` (`params` NULL: the defaults), allocating its KV cache, arena and
-// threads once. On success `*out_session` is the handle (free it with
+// threads once. `n_ctx` may not exceed the model's trained context
+// (`edgerun_model_n_ctx_train`). On success `*out_session` is the handle (free it with
 // `edgerun_session_free`); on failure it is set to NULL. The session keeps the model alive.
 //
 // # Safety

@@ -34,13 +34,17 @@ impl Failure {
 impl From<EngineError> for Failure {
     fn from(e: EngineError) -> Failure {
         let status = match &e {
-            EngineError::Gguf(GgufError::Io { .. }) | EngineError::Io { .. } => EDGERUN_ERR_IO,
+            // A file changed under its mapping is an I/O failure of the model file: the message
+            // says to replace model files by renaming a new one over them.
+            EngineError::Gguf(GgufError::Io { .. } | GgufError::Changed { .. })
+            | EngineError::Io { .. } => EDGERUN_ERR_IO,
             EngineError::Gguf(_)
             | EngineError::UnsupportedArchitecture { .. }
             | EngineError::Metadata { .. }
             | EngineError::MissingTensor { .. }
             | EngineError::TensorShape { .. }
-            | EngineError::UnsupportedTensorType { .. } => EDGERUN_ERR_MODEL,
+            | EngineError::UnsupportedTensorType { .. }
+            | EngineError::NonFinite { .. } => EDGERUN_ERR_MODEL,
             EngineError::Tokenizer(_) => EDGERUN_ERR_TOKENIZER,
             EngineError::ContextFull { .. } | EngineError::ContextShift { .. } => {
                 EDGERUN_ERR_CONTEXT_FULL
@@ -49,7 +53,10 @@ impl From<EngineError> for Failure {
             EngineError::InvalidArgument(_)
             | EngineError::InvalidSetting { .. }
             | EngineError::Unsupported(_) => EDGERUN_ERR_INVALID_ARGUMENT,
-            EngineError::Plan(_) | EngineError::Kernel(_) => EDGERUN_ERR_INTERNAL,
+            // No C call sets an interrupt flag, so this cannot happen here.
+            EngineError::Plan(_) | EngineError::Kernel(_) | EngineError::Interrupted { .. } => {
+                EDGERUN_ERR_INTERNAL
+            }
             EngineError::Device(_) => EDGERUN_ERR_DEVICE,
         };
         Failure {

@@ -37,7 +37,7 @@ use edge_engine::sampling::SamplerConfig;
 use edge_engine::session::{Session, SessionConfig};
 
 use failure::{guard, guard_value, Failure, LAST_ERROR};
-use ptr::{copy_out, model_ref, session_mut, token_slice, utf8, write_opt};
+use ptr::{copy_out, model_ref, session_lock, token_slice, utf8, write_opt};
 use types::edgerun_status::*;
 pub use types::*;
 
@@ -275,7 +275,8 @@ pub extern "C" fn edgerun_session_params_default() -> edgerun_session_params {
 }
 
 /// Opens a session on `model` (`params` NULL: the defaults), allocating its KV cache, arena and
-/// threads once. On success `*out_session` is the handle (free it with
+/// threads once. `n_ctx` may not exceed the model's trained context
+/// (`edgerun_model_n_ctx_train`). On success `*out_session` is the handle (free it with
 /// `edgerun_session_free`); on failure it is set to NULL. The session keeps the model alive.
 ///
 /// # Safety
@@ -318,10 +319,7 @@ pub unsafe extern "C" fn edgerun_session_new(
             ..Default::default()
         };
         let session = Session::new(Arc::clone(&m.model), &cfg)?;
-        let handle = Box::into_raw(Box::new(edgerun_session {
-            session,
-            text: Vec::with_capacity(1024),
-        }));
+        let handle = Box::into_raw(Box::new(edgerun_session::new(session)));
         // SAFETY: as above.
         unsafe { out_session.write(handle) };
         Ok(())
@@ -338,7 +336,12 @@ pub unsafe extern "C" fn edgerun_session_new(
 pub unsafe extern "C" fn edgerun_session_free(session: *mut edgerun_session) {
     guard("edgerun_session_free", || {
         if !session.is_null() {
-            // SAFETY: a live box from `edgerun_session_new`, freed once (the caller's promise).
+            // Refused while a call runs on it (a callback freeing its own session): freeing
+            // then would pull the session from under that call.
+            // SAFETY: a live handle (the caller's promise).
+            drop(unsafe { session_lock(session) }?);
+            // SAFETY: a live box from `edgerun_session_new`, freed once (the caller's promise),
+            // and no call holds it (just checked; the caller uses it from this thread only).
             drop(unsafe { Box::from_raw(session) });
         }
         Ok(())
@@ -353,7 +356,7 @@ pub unsafe extern "C" fn edgerun_session_free(session: *mut edgerun_session) {
 pub unsafe extern "C" fn edgerun_session_reset(session: *mut edgerun_session) -> edgerun_status {
     guard("edgerun_session_reset", || {
         // SAFETY: the caller's promise.
-        unsafe { session_mut(session) }?.session.reset();
+        unsafe { session_lock(session) }?.session.reset();
         Ok(())
     })
 }
@@ -366,7 +369,7 @@ pub unsafe extern "C" fn edgerun_session_reset(session: *mut edgerun_session) ->
 pub unsafe extern "C" fn edgerun_session_n_past(session: *mut edgerun_session) -> u32 {
     // SAFETY: the caller's promise.
     guard_value("edgerun_session_n_past", 0, || {
-        match unsafe { session_mut(session) } {
+        match unsafe { session_lock(session) } {
             Ok(s) => s.session.n_past() as u32,
             Err(_) => 0,
         }
@@ -381,7 +384,7 @@ pub unsafe extern "C" fn edgerun_session_n_past(session: *mut edgerun_session) -
 pub unsafe extern "C" fn edgerun_session_n_ctx(session: *mut edgerun_session) -> u32 {
     // SAFETY: the caller's promise.
     guard_value("edgerun_session_n_ctx", 0, || {
-        match unsafe { session_mut(session) } {
+        match unsafe { session_lock(session) } {
             Ok(s) => s.session.ctx() as u32,
             Err(_) => 0,
         }
@@ -403,7 +406,7 @@ pub unsafe extern "C" fn edgerun_prefill(
 ) -> edgerun_status {
     guard("edgerun_prefill", || {
         // SAFETY: the caller's promises.
-        let (s, ids) = unsafe { (session_mut(session)?, token_slice(tokens, n_tokens)?) };
+        let (mut s, ids) = unsafe { (session_lock(session)?, token_slice(tokens, n_tokens)?) };
         s.session.prefill(ids)?;
         Ok(())
     })
@@ -417,7 +420,7 @@ pub unsafe extern "C" fn edgerun_prefill(
 pub unsafe extern "C" fn edgerun_step(session: *mut edgerun_session, token: u32) -> edgerun_status {
     guard("edgerun_step", || {
         // SAFETY: the caller's promise.
-        unsafe { session_mut(session) }?.session.step(token)?;
+        unsafe { session_lock(session) }?.session.step(token)?;
         Ok(())
     })
 }
@@ -440,7 +443,8 @@ pub unsafe extern "C" fn edgerun_logits(
             return Err(Failure::invalid("out_logits or out_n is NULL"));
         }
         // SAFETY: the caller's promise.
-        let logits = unsafe { session_mut(session) }?.session.logits();
+        let s = unsafe { session_lock(session) }?;
+        let logits = s.session.logits();
         // SAFETY: both checked non-NULL and writable (the caller's promise).
         unsafe {
             out_logits.write(logits.as_ptr());
@@ -526,7 +530,7 @@ pub unsafe extern "C" fn edgerun_generate(
         // initialised struct whose bools are valid).
         let (s, prompt, p) = unsafe {
             (
-                session_mut(session)?,
+                session_lock(session)?,
                 token_slice(prompt, n_prompt)?,
                 params.as_ref(),
             )
@@ -535,7 +539,8 @@ pub unsafe extern "C" fn edgerun_generate(
             &p.copied()
                 .unwrap_or_else(|| edgerun_generate_params_default()),
         );
-        let edgerun_session { session, text } = s;
+        let mut s = s;
+        let SessionState { session, text } = &mut *s;
         let done = session.generate(prompt, &options, |event| {
             let Some(cb) = callback else {
                 return ControlFlow::Continue(());

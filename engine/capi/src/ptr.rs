@@ -5,7 +5,9 @@ use std::ffi::{c_char, CStr};
 
 use crate::failure::Failure;
 use crate::types::edgerun_status::EDGERUN_ERR_BUFFER_TOO_SMALL;
-use crate::types::{edgerun_model, edgerun_session};
+use std::sync::atomic::Ordering;
+
+use crate::types::{edgerun_model, edgerun_session, SessionState};
 
 /// The model behind `model`, or an error if it is NULL.
 ///
@@ -19,17 +21,60 @@ pub(crate) unsafe fn model_ref<'a>(
     unsafe { model.as_ref() }.ok_or_else(|| Failure::invalid("model is NULL"))
 }
 
-/// The session behind `session`, or an error if it is NULL.
+/// Exclusive use of a session for the length of one call: releases the session's `busy` flag
+/// when dropped (also when the call panics).
+pub(crate) struct SessionGuard<'a> {
+    handle: &'a edgerun_session,
+}
+
+impl std::ops::Deref for SessionGuard<'_> {
+    type Target = SessionState;
+    fn deref(&self) -> &SessionState {
+        // SAFETY: this guard set `busy`, so no other reference to the state exists.
+        unsafe { &*self.handle.inner.get() }
+    }
+}
+
+impl std::ops::DerefMut for SessionGuard<'_> {
+    fn deref_mut(&mut self) -> &mut SessionState {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference from the guard.
+        unsafe { &mut *self.handle.inner.get() }
+    }
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.handle.busy.store(false, Ordering::Release);
+    }
+}
+
+/// The session behind `session` for one call, or an error if it is NULL or already in a call:
+/// a generation callback that calls back into its own session (to reset it, step it, generate
+/// or free it), or a second thread using it, gets an error instead of silently corrupting the
+/// session's state.
 ///
 /// # Safety
-/// `session` is NULL or a live handle from `edgerun_session_new`, not used by another
-/// thread during the call.
-pub(crate) unsafe fn session_mut<'a>(
+/// `session` is NULL or a live handle from `edgerun_session_new`.
+pub(crate) unsafe fn session_lock<'a>(
     session: *mut edgerun_session,
-) -> Result<&'a mut edgerun_session, Failure> {
-    // SAFETY: non-NULL handles are live boxes from `edgerun_session_new`, and the caller uses a
-    // session from one thread at a time, so this is the only reference during the call.
-    unsafe { session.as_mut() }.ok_or_else(|| Failure::invalid("session is NULL"))
+) -> Result<SessionGuard<'a>, Failure> {
+    // SAFETY: non-NULL handles are live boxes from `edgerun_session_new` (the caller's
+    // promise). Only a shared reference is made; the state inside is reached through the
+    // guard, which holds the `busy` flag.
+    let handle = unsafe { session.cast_const().as_ref() }
+        .ok_or_else(|| Failure::invalid("session is NULL"))?;
+    if handle
+        .busy
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return Err(Failure::invalid(
+            "the session is in use by another call: a generation callback must not call back \
+             into its own session (return false to stop, then call), and a session is used \
+             from one thread at a time",
+        ));
+    }
+    Ok(SessionGuard { handle })
 }
 
 /// A NUL-terminated UTF-8 string.

@@ -1,7 +1,9 @@
 //! The types C sees: the status and stop-reason enums, the opaque handles, the parameter and
 //! result structs, the callback and the constants (all in the header).
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_void};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use edge_engine::model::Model;
@@ -64,11 +66,32 @@ pub struct edgerun_model {
 }
 
 /// A session (opaque): one conversation's KV cache, arena and threads. Use it from one thread
-/// at a time.
+/// at a time. A call on it while another is running (from a generation callback, or from
+/// another thread) fails instead of corrupting it: see [`crate::ptr::session_lock`].
 pub struct edgerun_session {
+    /// Set while a call holds the session.
+    pub(crate) busy: AtomicBool,
+    /// Reached only through [`crate::ptr::SessionGuard`], which holds `busy`.
+    pub(crate) inner: UnsafeCell<SessionState>,
+}
+
+/// What a session handle holds.
+pub(crate) struct SessionState {
     pub(crate) session: Session,
     /// The text handed to the callback, NUL-terminated; reused so a token allocates nothing.
     pub(crate) text: Vec<u8>,
+}
+
+impl edgerun_session {
+    pub(crate) fn new(session: Session) -> edgerun_session {
+        edgerun_session {
+            busy: AtomicBool::new(false),
+            inner: UnsafeCell::new(SessionState {
+                session,
+                text: Vec::with_capacity(1024),
+            }),
+        }
+    }
 }
 
 /// How to size a session; 0 in a field means its default. Get the defaults from
@@ -140,7 +163,9 @@ pub struct edgerun_generate_result {
 /// true to continue, false to stop. If generation ends with bytes of an incomplete character
 /// held back, a last call passes `token` = `EDGERUN_TOKEN_NONE` and their lossy text; its
 /// return value is ignored. The callback must not unwind (throw a C++ exception or longjmp)
-/// out of itself, and must not use the session it was called for.
+/// out of itself. A call on the session it was called for (reset, step, generate, free, ...)
+/// fails with `EDGERUN_ERR_INVALID_ARGUMENT` and changes nothing: return false to stop, then
+/// make the call.
 pub type edgerun_token_callback = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,

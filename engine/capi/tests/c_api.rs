@@ -443,3 +443,208 @@ fn model_session_tokenize_generate_through_the_c_functions() {
         edgerun_session_free(session);
     }
 }
+
+/// What a re-entering callback saw: the status of each call it made on its own session.
+struct Reenter {
+    session: *mut edgerun_session,
+    statuses: Vec<edgerun_status>,
+    messages: Vec<String>,
+    n_past_inside: u32,
+}
+
+unsafe extern "C" fn reenter(
+    user: *mut c_void,
+    _token: u32,
+    _text: *const c_char,
+    _len: usize,
+) -> bool {
+    // SAFETY: `user` is the `Reenter` passed to edgerun_generate below, alive and not aliased
+    // during the call; its session is the one generating (the point of the test).
+    let r = unsafe { &mut *user.cast::<Reenter>() };
+    unsafe {
+        r.statuses.push(edgerun_session_reset(r.session));
+        r.messages.push(last_error());
+        r.statuses.push(edgerun_step(r.session, 1));
+        r.statuses.push(edgerun_generate(
+            r.session,
+            [1u32].as_ptr(),
+            1,
+            std::ptr::null(),
+            None,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ));
+        edgerun_session_free(r.session);
+        r.messages.push(last_error());
+        r.n_past_inside = edgerun_session_n_past(r.session);
+    }
+    false
+}
+
+/// The C API enforces what the CLI does: a context above the trained one is refused, and a
+/// callback that calls back into its own session (reset, step, generate, free) gets an error
+/// for each call, leaving the session as it was (before: `n_past` silently wrong). A file
+/// whose hyper-parameters cannot be backed is a model error, not an abort.
+#[test]
+fn the_c_api_refuses_what_the_cli_refuses_and_detects_reentry() {
+    use edgerun_status::*;
+    let path = c_path(&smollm2_path());
+    // SAFETY (all calls below): every pointer is NULL, a live local, or a live handle; the
+    // re-entrant calls are made on a live session from the callback, which is what is tested.
+    unsafe {
+        let mut model = std::ptr::null_mut();
+        assert_eq!(edgerun_model_load(path.as_ptr(), &mut model), EDGERUN_OK);
+        let trained = edgerun_model_n_ctx_train(model);
+        let mut params = edgerun_session_params_default();
+        params.n_ctx = trained + 1;
+        params.n_threads = 1;
+        let mut session = std::ptr::null_mut();
+        assert_eq!(
+            edgerun_session_new(model, &params, &mut session),
+            EDGERUN_ERR_INVALID_ARGUMENT
+        );
+        let e = last_error();
+        assert!(
+            e.contains(&format!("n_ctx {}", trained + 1))
+                && e.contains(&format!("n_ctx {trained} or less")),
+            "{e}"
+        );
+        assert!(session.is_null());
+
+        params.n_ctx = 64;
+        assert_eq!(
+            edgerun_session_new(model, &params, &mut session),
+            EDGERUN_OK
+        );
+        let prompt = [504u32, 3575, 282, 4649, 314];
+        let mut gp = edgerun_generate_params_default();
+        gp.sampling.temperature = 0.0;
+        gp.max_tokens = 4;
+        let mut r = Reenter {
+            session,
+            statuses: Vec::new(),
+            messages: Vec::new(),
+            n_past_inside: 99,
+        };
+        let mut result = std::mem::zeroed::<edgerun_generate_result>();
+        assert_eq!(
+            edgerun_generate(
+                session,
+                prompt.as_ptr(),
+                prompt.len(),
+                &gp,
+                Some(reenter),
+                (&mut r as *mut Reenter).cast(),
+                &mut result
+            ),
+            EDGERUN_OK
+        );
+        assert_eq!(r.statuses, [EDGERUN_ERR_INVALID_ARGUMENT; 3]);
+        for m in &r.messages {
+            assert!(m.contains("in use by another call"), "{m}");
+        }
+        assert_eq!(
+            r.n_past_inside, 0,
+            "n_past fails (0) while the session is busy"
+        );
+        // The session is intact: the prompt and the one generated token were processed
+        // (llama.cpp's first greedy token, " Paris"), and it goes on normally.
+        assert_eq!(result.n_tokens, 1);
+        assert_eq!(edgerun_session_n_past(session), prompt.len() as u32);
+        let mut logits = std::ptr::null();
+        let mut n = 0usize;
+        assert_eq!(edgerun_logits(session, &mut logits, &mut n), EDGERUN_OK);
+        assert_eq!(n, 49152);
+        assert_eq!(edgerun_session_reset(session), EDGERUN_OK);
+        assert_eq!(edgerun_session_n_past(session), 0);
+        edgerun_session_free(session);
+        edgerun_model_free(model);
+
+        // A layer count the file cannot back: a model error naming the key.
+        let dir = edge_tests::tiny::TempDir::new("capi-hostile");
+        let mut parts = edge_tests::tiny::Parts::llama(edge_tests::tiny::DIMS);
+        parts.set(
+            "llama.block_count",
+            edge_engine::gguf::MetaValue::U64(1 << 31),
+        );
+        let bad = c_path(&dir.write("layers.gguf", &parts.bytes()));
+        let mut model = std::ptr::null_mut();
+        assert_eq!(
+            edgerun_model_load(bad.as_ptr(), &mut model),
+            EDGERUN_ERR_MODEL
+        );
+        assert!(
+            last_error().contains("llama.block_count"),
+            "{}",
+            last_error()
+        );
+        assert!(model.is_null());
+    }
+}
+
+/// Through the C API too: logits that are not finite are `EDGERUN_ERR_MODEL` (not an end of
+/// generation), and a model file truncated under a session is `EDGERUN_ERR_IO` naming the file
+/// and the fix, before the run that would fault.
+#[test]
+fn the_c_api_reports_broken_weights_and_changed_files() {
+    use edge_tests::tiny::{Parts, TempDir, DIMS};
+    use edgerun_status::*;
+    let dir = TempDir::new("capi-faults");
+    let mut nan = Parts::llama(DIMS);
+    nan.tensor("output_norm.weight").data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let nan = c_path(&dir.write("nan.gguf", &nan.bytes()));
+    let good_path = dir.write("good.gguf", &Parts::llama(DIMS).bytes());
+    let good = c_path(&good_path);
+    // SAFETY (all calls below): every pointer is NULL, a live local, or a live handle; handles
+    // are freed once.
+    unsafe {
+        let mut params = edgerun_session_params_default();
+        params.n_ctx = 32;
+        params.n_threads = 1;
+        let mut gp = edgerun_generate_params_default();
+        gp.max_tokens = 4;
+
+        let (mut model, mut session) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(edgerun_model_load(nan.as_ptr(), &mut model), EDGERUN_OK);
+        assert_eq!(
+            edgerun_session_new(model, &params, &mut session),
+            EDGERUN_OK
+        );
+        let status = edgerun_generate(
+            session,
+            [1u32, 2].as_ptr(),
+            2,
+            &gp,
+            None,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(status, EDGERUN_ERR_MODEL, "{}", last_error());
+        assert!(last_error().contains("not finite"), "{}", last_error());
+        edgerun_session_free(session);
+        edgerun_model_free(model);
+
+        assert_eq!(edgerun_model_load(good.as_ptr(), &mut model), EDGERUN_OK);
+        assert_eq!(
+            edgerun_session_new(model, &params, &mut session),
+            EDGERUN_OK
+        );
+        assert_eq!(edgerun_prefill(session, [1u32, 2].as_ptr(), 2), EDGERUN_OK);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&good_path)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        assert_eq!(edgerun_step(session, 3), EDGERUN_ERR_IO);
+        let e = last_error();
+        assert!(
+            e.contains("good.gguf was truncated or rewritten while in use")
+                && e.contains("renaming it over the old one"),
+            "{e}"
+        );
+        assert_eq!(edgerun_session_n_past(session), 2, "nothing ran");
+        edgerun_session_free(session);
+        edgerun_model_free(model);
+    }
+}

@@ -236,7 +236,7 @@ pub struct BenchArgs {
     pub n_gen: usize,
     /// Timed repetitions of each test (after one untimed warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_name = "N",
-          allow_negative_numbers = true, value_parser = positive)]
+          allow_negative_numbers = true, value_parser = repetitions)]
     pub repetitions: usize,
     #[command(flatten)]
     pub compute: ComputeFlags,
@@ -297,6 +297,16 @@ fn positive(s: &str) -> Result<usize, String> {
         Ok(n) if n > u32::MAX as usize => Err(format!("must be at most {}", u32::MAX)),
         Ok(n) => Ok(n),
         Err(_) => Err("expected a whole number >= 1".into()),
+    }
+}
+
+/// The most `bench -r` takes: more adds nothing to a mean but hours of runtime.
+pub const MAX_REPETITIONS: usize = 1000;
+
+fn repetitions(s: &str) -> Result<usize, String> {
+    match positive(s)? {
+        n if n > MAX_REPETITIONS => Err(format!("must be at most {MAX_REPETITIONS}")),
+        n => Ok(n),
     }
 }
 

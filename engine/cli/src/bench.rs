@@ -82,8 +82,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
     })?;
     let threads = session.n_threads();
 
-    let mut pp_rates = Vec::with_capacity(a.repetitions);
-    let mut tg_rates = Vec::with_capacity(a.repetitions);
+    let mut pp_rates = Vec::new();
+    let mut tg_rates = Vec::new();
     // repetition 0 is the untimed warm-up
     for rep in 0..=a.repetitions {
         session.reset();

@@ -1,5 +1,6 @@
 //! Errors as the user sees them: one line on stderr naming the problem and the fix, exit
-//! status 2 for a bad command line and 1 for anything else. Engine errors name settings as the
+//! status 2 for a bad command line, [`EXIT_MODEL_CHANGED`] when the model file changed under a
+//! running session, and 1 for anything else. Engine errors name settings as the
 //! library does; here they are rendered with the flags that set them ([`flag`]).
 
 use std::path::Path;
@@ -8,24 +9,32 @@ use edge_engine::error::{EngineError, Hint, Setting};
 use edge_engine::gguf::{Gguf, GgufError};
 use edge_engine::model::Model;
 
-/// An error for the one line on stderr; `usage` errors (a bad command line) exit with 2.
+/// Exit status for a bad command line.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Exit status when the model file was truncated or rewritten while a session used it (as an
+/// error between runs, or from the SIGBUS handler of [`crate::signals`] during one).
+pub const EXIT_MODEL_CHANGED: u8 = 3;
+
+/// An error for the one line on stderr, and the exit status it ends with.
 pub struct CliError {
     pub msg: String,
-    pub usage: bool,
+    pub code: u8,
 }
 
 impl CliError {
+    /// A bad command line (exit status 2).
     pub fn usage(msg: impl Into<String>) -> CliError {
         CliError {
             msg: msg.into(),
-            usage: true,
+            code: EXIT_USAGE,
         }
     }
 }
 
 impl From<String> for CliError {
     fn from(msg: String) -> CliError {
-        CliError { msg, usage: false }
+        CliError { msg, code: 1 }
     }
 }
 
@@ -181,7 +190,9 @@ pub fn load_model(path: &Path) -> CliResult<Model> {
         )
         .into());
     }
-    Model::from_gguf_since(gguf, mark).map_err(|e| engine_error(path, e).into())
+    let model = Model::from_gguf_since(gguf, mark).map_err(|e| engine_error(path, e))?;
+    crate::signals::exit_on_model_fault(path, model.gguf().mapped_bytes());
+    Ok(model)
 }
 
 /// Generation and benchmarks need a decoder; an encoder gets the command that fits it.
@@ -200,6 +211,13 @@ pub fn refuse_encoder(path: &Path, model: &Model) -> CliResult {
 
 impl From<EngineError> for CliError {
     fn from(e: EngineError) -> CliError {
-        CliError::from(hint(&e))
+        let code = match e {
+            EngineError::Gguf(GgufError::Changed { .. }) => EXIT_MODEL_CHANGED,
+            _ => 1,
+        };
+        CliError {
+            msg: hint(&e),
+            code,
+        }
     }
 }

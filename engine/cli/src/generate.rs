@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use edge_engine::error::EngineError;
 use edge_engine::generate::{GenerateOptions, StopReason};
 use edge_engine::sampling::SamplerConfig;
 use edge_engine::session::ContextPolicy;
@@ -16,6 +17,7 @@ use edge_tokenizers::Tokenizer;
 
 use crate::args::GenerateArgs;
 use crate::errors::{hint, hint_text, load_model, refuse_encoder, CliError, CliResult};
+use crate::output::read_text;
 use crate::session::open_session;
 use crate::signals::{interrupt_flag, EXIT_INTERRUPTED};
 
@@ -119,13 +121,28 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
         render_special: true,
     };
     let interrupted = interrupt_flag()?;
+    // A long prompt stops between its chunks on the first Ctrl-C, too.
+    session.set_interrupt(Arc::clone(&interrupted));
     let mut stdout = std::io::stdout().lock();
     let write_err = |e: std::io::Error| CliError::from(format!("writing output: {e}"));
 
     // The generator prefills the prompt and samples the first token (on a GPU the logits stay
     // there unless the settings need them on the host).
     let t_prompt = Instant::now();
-    let mut gen = session.generator(&ids, &options)?;
+    let mut gen = match session.generator(&ids, &options) {
+        Ok(gen) => gen,
+        Err(EngineError::Interrupted {
+            processed,
+            requested,
+        }) => {
+            eprintln!(
+                "\n[edge-run] prompt: interrupted after {processed} of {requested} tokens in {:.0} ms; generated: 0 tokens; stopped: interrupted (Ctrl-C)",
+                t_prompt.elapsed().as_secs_f64() * 1e3
+            );
+            return Ok(EXIT_INTERRUPTED);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let prompt_s = t_prompt.elapsed().as_secs_f64();
     let t_gen = Instant::now();
     while let Some(token) = gen.next() {
@@ -173,15 +190,9 @@ fn read_prompt(a: &GenerateArgs) -> CliResult<String> {
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => {
-            let bytes = std::fs::read(f)
+            let file = std::fs::File::open(f)
                 .map_err(|e| format!("{}: cannot read the prompt file: {e}", f.display()))?;
-            String::from_utf8(bytes).map_err(|e| {
-                format!(
-                    "{}: the prompt file is not UTF-8 text (invalid byte at offset {}): convert it to UTF-8",
-                    f.display(),
-                    e.utf8_error().valid_up_to()
-                )
-            })?
+            read_text(file, &format!("the prompt file {}", f.display()))?
         }
         (None, None) => {
             return Err(CliError::usage(

@@ -1,6 +1,6 @@
 //! The commands that read a GGUF file without running it: `tokenize` and `inspect`.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 
 use edge_tokenizers::Tokenizer;
@@ -18,16 +18,7 @@ fn tokenizer_of(path: &Path) -> CliResult<Tokenizer> {
 /// `edge-run tokenize`: the ids of a text as a JSON array.
 pub fn tokenize(a: TokenizeArgs) -> CliResult {
     let text = if a.stdin {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .map_err(|e| format!("reading standard input: {e}"))?;
-        String::from_utf8(buf).map_err(|e| {
-            format!(
-                "standard input is not UTF-8 text (invalid byte at offset {}): convert it to UTF-8",
-                e.utf8_error().valid_up_to()
-            )
-        })?
+        crate::output::read_text(std::io::stdin().lock(), "standard input")?
     } else {
         a.text.unwrap_or_default()
     };

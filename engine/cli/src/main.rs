@@ -4,8 +4,8 @@
 //! `edge-run tokenize`, `edge-run inspect` work on any GGUF; `edge-run plan` prints the memory a
 //! session would hold (without allocating it) and `edge-run bench` measures prompt processing and
 //! generation speed; `edge-run embed` prints sentence embeddings from an encoder (BERT) model.
-//! Every error is one line on stderr and a non-zero exit status (2 for a bad command line, 1
-//! for anything else).
+//! Every error is one line on stderr and a non-zero exit status (2 for a bad command line, 3
+//! for a model file that changed while in use, 130 after Ctrl-C, 1 for anything else).
 //!
 //! This crate is a client of the engine's library API, like the C API: it parses the command
 //! line (`args`), installs the logger and the Ctrl-C handler (`signals`), and turns the
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {}", clap_error_line(&e));
-            return ExitCode::from(2);
+            return ExitCode::from(errors::EXIT_USAGE);
         }
     };
     let level = match cli.generate.verbose {
@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         Ok(Ok(code)) => ExitCode::from(code),
         Ok(Err(e)) => {
             eprintln!("error: {}", e.msg.replace('\n', " "));
-            ExitCode::from(if e.usage { 2 } else { 1 })
+            ExitCode::from(e.code)
         }
         // the panic hook has printed the line
         Err(_) => ExitCode::from(101),

@@ -1,11 +1,39 @@
 //! What the commands print: lines on stdout, sizes in MiB, and the memory report shared by
-//! `plan` for decoders and encoders.
+//! `plan` for decoders and encoders; and the one way they read text from a file or stdin.
 
-use std::io::Write;
+use std::io::{Read, Write};
 
 use edge_engine::plan::MemoryReport;
 
 use crate::errors::CliResult;
+
+/// The most text read from a file or standard input: no context holds more (a million tokens
+/// are a few MiB of text), and `-f /dev/zero` must not read until memory runs out.
+pub const MAX_TEXT_BYTES: u64 = 16 << 20;
+
+/// Reads at most [`MAX_TEXT_BYTES`] of UTF-8 text from `input`; `what` names it in errors
+/// ("the prompt file x.txt", "standard input").
+pub fn read_text(input: impl Read, what: &str) -> CliResult<String> {
+    let mut buf = Vec::new();
+    input
+        .take(MAX_TEXT_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("reading {what}: {e}"))?;
+    if buf.len() as u64 > MAX_TEXT_BYTES {
+        return Err(format!(
+            "{what} is larger than {} MiB, more text than any context holds: give a shorter text",
+            MAX_TEXT_BYTES >> 20
+        )
+        .into());
+    }
+    String::from_utf8(buf).map_err(|e| {
+        format!(
+            "{what} is not UTF-8 text (invalid byte at offset {}): convert it to UTF-8",
+            e.utf8_error().valid_up_to()
+        )
+        .into()
+    })
+}
 
 /// Bytes as MiB with two decimals.
 pub fn mib(bytes: u64) -> String {

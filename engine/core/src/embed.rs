@@ -382,6 +382,7 @@ impl Embedder {
                 "token id {bad} is outside the vocabulary of {n_vocab} tokens"
             )));
         }
+        self.model.gguf().check_unchanged()?;
         let args = RunArgs { tokens, pos0: 0 };
         if !self.exec.run(&self.model, &self.kv, &self.graph, args) {
             return Err(EngineError::Kernel(
@@ -392,6 +393,12 @@ impl Embedder {
             .exec
             .read_f32(&self.graph, self.graph.graph.output, 1)
             .to_vec();
+        if !v.iter().all(|x| x.is_finite()) {
+            return Err(EngineError::NonFinite {
+                what: "the embedding",
+                position: tokens.len() - 1,
+            });
+        }
         if self.normalize {
             l2_normalize(&mut v);
         }

@@ -264,6 +264,22 @@ pub enum EngineError {
     Device(Hint),
     /// The session's memory could not be allocated.
     OutOfMemory(Hint),
+    /// The caller's interrupt flag ([`crate::session::Session::set_interrupt`]) was raised
+    /// during a run; the positions processed before it are kept.
+    Interrupted {
+        /// Positions of this call processed before the interrupt was seen.
+        processed: usize,
+        /// Positions this call was asked to process.
+        requested: usize,
+    },
+    /// A run produced values that are not finite (NaN or infinite): the weights or the
+    /// hyper-parameters cannot be computed with. Nothing is sampled from them.
+    NonFinite {
+        /// What was not finite ("the logits", "the embedding").
+        what: &'static str,
+        /// The position of the token they were computed for.
+        position: usize,
+    },
     /// An I/O error with the file it concerns.
     Io {
         /// File path.
@@ -382,6 +398,12 @@ impl EngineError {
             EngineError::InvalidArgument(m) => m.clone(),
             EngineError::Plan(m) => format!("memory plan: {m}"),
             EngineError::Kernel(m) => format!("kernel: {m}"),
+            EngineError::Interrupted { processed, requested } => format!(
+                "interrupted after {processed} of {requested} tokens; the processed tokens are kept"
+            ),
+            EngineError::NonFinite { what, position } => format!(
+                "{what} at position {position} are not finite (NaN or infinite): the model's weights or hyper-parameters are broken; re-download or re-convert the file"
+            ),
             EngineError::Io { path, source } => format!("{path}: {source}"),
         }
     }

@@ -9,6 +9,17 @@ use crate::types::GgmlType;
 /// tensor name concerned and the byte offset in the file.
 #[derive(thiserror::Error, Debug)]
 pub enum GgufError {
+    /// The mapped file was truncated or rewritten in place after it was opened
+    /// ([`crate::Gguf::check_unchanged`]).
+    #[error(
+        "{} was truncated or rewritten while in use: replace model files by writing a new file \
+         and renaming it over the old one",
+        .path.display()
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+    },
     /// The file could not be opened, inspected or mapped.
     #[error("cannot read GGUF file {}: {source}", .path.display())]
     Io {

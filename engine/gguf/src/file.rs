@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use crate::error::GgufError;
 use crate::huge_pages::{self, HugePages};
@@ -12,15 +13,33 @@ use crate::value::MetaValue;
 
 /// The bytes behind a [`Gguf`]: a read-only file mapping or an owned buffer.
 enum Storage {
-    /// The mapping, and the file (for page-cache advice: see [`Gguf::settle_huge_pages`]).
-    Mmap(memmap2::Mmap, std::fs::File),
+    /// The mapping, and the file (for page-cache advice: see [`Gguf::settle_huge_pages`], and
+    /// to see whether it changed: [`Gguf::check_unchanged`]).
+    Mmap(memmap2::Mmap, std::fs::File, Stamp),
     Owned(Vec<u8>),
+}
+
+/// What a mapped file looked like when it was opened.
+struct Stamp {
+    path: PathBuf,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Stamp {
+    fn of(path: &Path, meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            path: path.to_path_buf(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
 }
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
-            Storage::Mmap(m, _) => m,
+            Storage::Mmap(m, ..) => m,
             Storage::Owned(v) => v,
         }
     }
@@ -82,7 +101,8 @@ impl Gguf {
             // the documented contract of `memmap2::Mmap::map`). All content is validated as
             // untrusted bytes, so any *content* is safe.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-            Storage::Mmap(map, file)
+            let stamp = Stamp::of(path, &meta);
+            Storage::Mmap(map, file, stamp)
         };
         Gguf::parse(storage)
     }
@@ -117,6 +137,41 @@ impl Gguf {
             tensors: header.tensors,
             tensor_index,
         })
+    }
+
+    /// The path the file was opened from (`None` for bytes held in memory).
+    pub fn path(&self) -> Option<&Path> {
+        match &self.storage {
+            Storage::Mmap(_, _, stamp) => Some(&stamp.path),
+            Storage::Owned(_) => None,
+        }
+    }
+
+    /// Whether the mapped file is as it was when opened: its length and modification time, read
+    /// from the open file (one `fstat`). A file truncated or rewritten in place gives
+    /// [`GgufError::Changed`]: reading the mapping past a truncation would fault the process
+    /// (SIGBUS), and rewritten bytes are not the ones validated at open. A file *replaced* by
+    /// renaming a new one over its path is not changed: the mapping still holds the old file,
+    /// which the kernel keeps until it is unmapped, and that is how to update a model while it
+    /// is in use. Bytes held in memory never change.
+    ///
+    /// The engine checks before each run; a truncation that lands during a run still faults.
+    /// A host that must survive that installs a SIGBUS handler for the range
+    /// [`Gguf::mapped_bytes`] covers (the `edge-run` CLI does: it prints one line and exits 3).
+    pub fn check_unchanged(&self) -> Result<(), GgufError> {
+        let Storage::Mmap(_, file, stamp) = &self.storage else {
+            return Ok(());
+        };
+        let changed = match file.metadata() {
+            Ok(meta) => meta.len() != stamp.len || meta.modified().ok() != stamp.modified,
+            Err(_) => true,
+        };
+        if changed {
+            return Err(GgufError::Changed {
+                path: stamp.path.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// The GGUF version (2 or 3).
@@ -244,7 +299,7 @@ impl Gguf {
     /// CUDA backend registers this range for zero-copy device access on integrated GPUs.
     pub fn mapped_bytes(&self) -> Option<&[u8]> {
         match &self.storage {
-            Storage::Mmap(m, _) => Some(m),
+            Storage::Mmap(m, ..) => Some(m),
             Storage::Owned(_) => None,
         }
     }
@@ -255,7 +310,7 @@ impl Gguf {
     /// outcome. The mapping stays the file's, read-only, with the same bytes.
     pub fn settle_huge_pages(&self) -> HugePages {
         *self.huge_pages.get_or_init(|| match &self.storage {
-            Storage::Mmap(m, file) => huge_pages::settle(m, file).unwrap_or_else(|e| {
+            Storage::Mmap(m, file, _) => huge_pages::settle(m, file).unwrap_or_else(|e| {
                 log::debug!("huge pages for the weights: {e}");
                 HugePages::NotAttempted
             }),
@@ -269,7 +324,7 @@ impl Gguf {
     /// no-op for an owned buffer and off Unix.
     pub fn release_resident_pages(&self) -> std::io::Result<()> {
         #[cfg(unix)]
-        if let Storage::Mmap(m, _) = &self.storage {
+        if let Storage::Mmap(m, ..) = &self.storage {
             // SAFETY: the mapping is a shared, read-only map of a file (`Mmap::map`). For such a
             // map MADV_DONTNEED only unmaps the pages from this process; their contents are the
             // file's, so every later read (through any live slice) sees the same bytes again.

@@ -17,6 +17,17 @@ struct JsonStyle {
 /// How deep `tojson` descends before giving up (values can be self-referential).
 const MAX_JSON_DEPTH: usize = 128;
 
+/// The most `tojson` writes: an indent string repeated per level and item multiplies the input,
+/// so the output is checked as it grows, not after (16 MiB, the default cap of a whole render).
+const MAX_JSON_BYTES: usize = 16 << 20;
+
+fn too_large() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("tojson: output larger than {MAX_JSON_BYTES} bytes"),
+    )
+}
+
 /// `tojson`: transformers' `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)`.
 pub(super) fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
@@ -65,13 +76,17 @@ pub(super) fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     Ok(Value::from_safe_string(out))
 }
 
-fn json_newline(out: &mut String, style: &JsonStyle, level: usize) {
+fn json_newline(out: &mut String, style: &JsonStyle, level: usize) -> Result<(), Error> {
     if let Some(ind) = &style.indent {
+        if out.len() + 1 + level.saturating_mul(ind.len()) > MAX_JSON_BYTES {
+            return Err(too_large());
+        }
         out.push('\n');
         for _ in 0..level {
             out.push_str(ind);
         }
     }
+    Ok(())
 }
 
 fn write_json(out: &mut String, v: &Value, style: &JsonStyle, level: usize) -> Result<(), Error> {
@@ -80,6 +95,9 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, level: usize) -> R
             ErrorKind::InvalidOperation,
             "tojson: value nested too deeply",
         ));
+    }
+    if out.len() > MAX_JSON_BYTES {
+        return Err(too_large());
     }
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
@@ -100,7 +118,7 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, level: usize) -> R
                 if i > 0 {
                     out.push_str(&style.item_sep);
                 }
-                json_newline(out, style, level + 1);
+                json_newline(out, style, level + 1)?;
                 match k.as_str() {
                     Some(s) => write_json_str(out, s, style),
                     None => {
@@ -115,7 +133,7 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, level: usize) -> R
                 let item = v.get_item(k)?;
                 write_json(out, &item, style, level + 1)?;
             }
-            json_newline(out, style, level);
+            json_newline(out, style, level)?;
             out.push('}');
         }
         ValueKind::Seq | ValueKind::Iterable => {
@@ -126,11 +144,11 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, level: usize) -> R
                     out.push_str(&style.item_sep);
                 }
                 first = false;
-                json_newline(out, style, level + 1);
+                json_newline(out, style, level + 1)?;
                 write_json(out, &item, style, level + 1)?;
             }
             if !first {
-                json_newline(out, style, level);
+                json_newline(out, style, level)?;
             }
             out.push(']');
         }

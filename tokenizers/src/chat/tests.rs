@@ -189,7 +189,7 @@ fn hostile_loop_runs_out_of_fuel() {
     let start = std::time::Instant::now();
     let err = render(src, &[], false).unwrap_err();
     assert!(
-        matches!(err, ChatTemplateError::OutOfFuel { limit: 5_000_000 }),
+        matches!(err, ChatTemplateError::OutOfFuel { limit: 2_000_000 }),
         "{err:?}"
     );
     assert!(err.to_string().contains("instructions"), "{err}");
@@ -258,4 +258,81 @@ fn strftime_subset() {
     assert_eq!(strftime(951_782_400, "%Y-%m-%d %j"), "2000-02-29 060");
     let t = ChatTemplate::new("{{ strftime_now('%Y') | length }}", "", "").unwrap();
     assert_eq!(t.render(&[], false).unwrap(), "4");
+}
+
+/// Templates that build large strings in few instructions, one per line (the red-team's list:
+/// `indent`, `format` widths, `%`-format widths, `.replace` and `join` doubling in a loop, and
+/// the operators and recursion that double a string too).
+const MEMORY_HOSTILE: [&str; 13] = [
+    "{{ 'x'|indent(20000000000) }}",
+    "{{ 'x'|indent('y' * 100000000) }}",
+    "{{ '{:>20000000000}'.format('x') }}",
+    "{{ '%20000000000s'|format('x') }}",
+    "{{ 'x'|center(20000000000) }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s.replace('a', 'aa') %}{% endfor %}{{ ns.s|length }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = [ns.s, ns.s]|join %}{% endfor %}{{ ns.s|length }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = [ns.s, ns.s]|join(ns.s) %}{% endfor %}{{ ns.s|length }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+    "{% macro f(s, n) %}{% if n > 0 %}{{ f(s ~ s, n - 1)|length }}{% endif %}{% endmacro %}{{ f('ab', 60) }}",
+    "{% set s = 'y' * 10000000 %}{{ {'a': [1, 2, 3, [4, [5]]]}|tojson(indent=s) }}",
+    "{{ ([1] * 100000000)|list|length }}",
+];
+
+/// Set by [`memory_hostile_templates_fail_within_bounds`] in its child processes: which line of
+/// [`MEMORY_HOSTILE`] to render.
+const HOSTILE_CASE_VAR: &str = "EDGE_RUN_HOSTILE_TEMPLATE";
+
+/// The child's side: renders one hostile template with the default limits and checks that it
+/// fails, quickly. Run only by the parent test, under an address-space limit.
+#[test]
+#[ignore = "a child process of memory_hostile_templates_fail_within_bounds (which runs it)"]
+fn memory_hostile_template_child() {
+    let case: usize = std::env::var(HOSTILE_CASE_VAR)
+        .expect("run by memory_hostile_templates_fail_within_bounds")
+        .parse()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let result = render(MEMORY_HOSTILE[case], &[("user", "hi")], false);
+    let err = result.expect_err("a hostile template must fail");
+    println!("error: {err}");
+    assert!(start.elapsed().as_secs() < 10, "{:?}", start.elapsed());
+}
+
+/// Each memory-hostile template fails with an error in a child process whose address space is
+/// capped at 1 GiB (without the bounds each one allocates gigabytes and aborts). The fuel
+/// budget charges data too (about 64 bytes per unit): 2M fuel is about 128 MB, plus the
+/// output cap; measured peak resident size 5-211 MB per case (2 cores, AMD EPYC).
+#[cfg(unix)]
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "spawns its own binary under ulimit -v: qemu-user cannot exec it (run it natively)"
+)]
+fn memory_hostile_templates_fail_within_bounds() {
+    let exe = std::env::current_exe().unwrap();
+    for (case, src) in MEMORY_HOSTILE.iter().enumerate() {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+            .arg(&exe)
+            .args([
+                "--exact",
+                "chat::tests::memory_hostile_template_child",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HOSTILE_CASE_VAR, case.to_string())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "template {case} `{src}`: {:?}\n{stdout}\n{stderr}",
+            out.status
+        );
+        assert!(stdout.contains("error: chat template"), "{src}: {stdout}");
+    }
 }

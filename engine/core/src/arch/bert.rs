@@ -116,7 +116,9 @@ pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Res
         bind(g, weights, a, "token_embd_norm.weight", &[d])?,
         bind(g, weights, a, "token_embd_norm.bias", &[d])?,
     );
-    let mut layers = Vec::with_capacity(p.n_layer);
+    // Grown as layers bind: the first missing tensor ends the loop, so a layer count the
+    // file cannot back never sizes an allocation.
+    let mut layers = Vec::new();
     for l in 0..p.n_layer {
         let n = |s: &str, kind: &str| format!("blk.{l}.{s}.{kind}");
         let w = |weights: &mut Vec<Weight>, s: &str, shape: &[u64]| {
@@ -155,12 +157,14 @@ pub fn bind_weights(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Res
             });
         }
     }
-    let norm_eps = g
-        .get_f32(&format!("{a}.attention.layer_norm_epsilon"))
-        .ok_or_else(|| EngineError::Metadata {
-            key: format!("{a}.attention.layer_norm_epsilon"),
+    let eps_key = format!("{a}.attention.layer_norm_epsilon");
+    if g.get(&eps_key).is_none() {
+        return Err(EngineError::Metadata {
+            key: eps_key,
             problem: "missing or not a number (BERT's LayerNorm needs it)".into(),
-        })?;
+        });
+    }
+    let norm_eps = crate::model::hparams::finite_positive(g, &eps_key, 0.0)?;
     let pooling_type = match g.get_u64(&format!("{a}.pooling_type")) {
         Some(v) if v <= 4 => v as u32,
         Some(v) => {

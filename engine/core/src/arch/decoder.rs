@@ -104,7 +104,9 @@ pub fn bind_weights(
     let ff = p.n_ff as u64;
     let gemma = matches!(a, "gemma2" | "gemma3");
     let token_embd = bind(g, weights, a, "token_embd.weight", &[d, p.n_vocab as u64])?;
-    let mut layers = Vec::with_capacity(p.n_layer);
+    // Grown as layers bind: the first missing tensor ends the loop, so a layer count the
+    // file cannot back never sizes an allocation.
+    let mut layers = Vec::new();
     for l in 0..p.n_layer {
         let has = |name: &str| g.tensor(&format!("blk.{l}.{name}")).is_some();
         let mut w =

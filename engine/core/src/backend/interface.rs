@@ -56,6 +56,15 @@ pub trait Backend: Send {
         Ok(sampler.sample(self.output(graph)?))
     }
 
+    /// Whether the last run's output is finite where it matters: `chosen` is the index a
+    /// sampler picked from it. The default checks every value (on the host that is a pass
+    /// over one row, far below a run's cost); a GPU checks the chosen value, one copy of 4 bytes,
+    /// which catches the usual failure (a NaN that spread to every logit).
+    fn output_finite(&self, graph: &PlannedGraph, chosen: u32) -> Result<bool> {
+        let _ = chosen;
+        Ok(self.output(graph)?.iter().all(|v| v.is_finite()))
+    }
+
     /// Drops the KV cache positions `keep..keep + n_discard` of the `n_past` held: the later
     /// ones move down and their keys are rotated back by `n_discard` positions.
     fn shift_context(

@@ -136,10 +136,49 @@ fn meta_usize(g: &Gguf, key: &str) -> Result<usize> {
     }
 }
 
+/// A float that must be finite and positive (an epsilon, a rope base): `default` when the key
+/// is absent, an error naming the key and the value otherwise. NaN or a negative epsilon would
+/// make every logit NaN, and a run that "ends" at whatever token NaN comparisons pick.
+pub(crate) fn finite_positive(g: &Gguf, key: &str, default: f32) -> Result<f32> {
+    match g.get(key) {
+        None => Ok(default),
+        Some(v) => match v.as_f32() {
+            Some(x) if x > 0.0 && x.is_finite() => Ok(x),
+            Some(x) => Err(EngineError::Metadata {
+                key: key.into(),
+                problem: format!("{x} must be a finite positive number"),
+            }),
+            None => Err(EngineError::Metadata {
+                key: key.into(),
+                problem: "must be a number".into(),
+            }),
+        },
+    }
+}
+
 pub(crate) fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
     let k = |s: &str| format!("{arch}.{s}");
+    // First: a file without it is no model at all (a vocabulary-only file, say).
+    let n_vocab = g
+        .tensor("token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .ok_or_else(|| EngineError::MissingTensor {
+            name: "token_embd.weight".into(),
+            arch: arch.into(),
+        })? as usize;
     let n_embd = meta_usize(g, &k("embedding_length"))?;
     let n_layer = meta_usize(g, &k("block_count"))?;
+    // Every layer has tensors: a count above the file's is a lie, refused before anything is
+    // sized by it (2^31 layers in a 352-byte file).
+    if n_layer > g.tensors().len() {
+        return Err(EngineError::Metadata {
+            key: k("block_count"),
+            problem: format!(
+                "{n_layer} layers, but the file holds only {} tensors: the file is damaged",
+                g.tensors().len()
+            ),
+        });
+    }
     let n_head = meta_usize(g, &k("attention.head_count"))?;
     let n_head_kv = match g.get(&k("attention.head_count_kv")) {
         Some(_) => meta_usize(g, &k("attention.head_count_kv"))?,
@@ -165,9 +204,7 @@ pub(crate) fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
     };
     let n_ff = meta_usize(g, &k("feed_forward_length"))?;
     let n_ctx_train = meta_usize(g, &k("context_length"))?;
-    let rms_eps = g
-        .get_f32(&k("attention.layer_norm_rms_epsilon"))
-        .unwrap_or(1e-5);
+    let rms_eps = finite_positive(g, &k("attention.layer_norm_rms_epsilon"), 1e-5)?;
     let n_rot = match g.get(&k("rope.dimension_count")) {
         Some(_) => meta_usize(g, &k("rope.dimension_count"))?,
         None => head_dim,
@@ -178,7 +215,7 @@ pub(crate) fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
             problem: format!("{n_rot} must be even and at most the head size {head_dim}"),
         });
     }
-    let freq_base = g.get_f32(&k("rope.freq_base")).unwrap_or(10_000.0);
+    let freq_base = finite_positive(g, &k("rope.freq_base"), 10_000.0)?;
     // llama.cpp's default scaling type is linear: a factor applies unless the type says none.
     let scaling = g.get_str(&k("rope.scaling.type"));
     let freq_scale = match scaling {
@@ -206,13 +243,6 @@ pub(crate) fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
             })
         }
     };
-    let n_vocab = g
-        .tensor("token_embd.weight")
-        .and_then(|t| t.dims.get(1).copied())
-        .ok_or_else(|| EngineError::MissingTensor {
-            name: "token_embd.weight".into(),
-            arch: arch.into(),
-        })? as usize;
     let ordering = match arch {
         "llama" => RopeOrdering::Normal,
         _ => RopeOrdering::NeoX,
@@ -288,7 +318,7 @@ pub(crate) fn read_hyper_params(g: &Gguf, arch: &str) -> Result<HyperParams> {
                 _ => (10_000.0, 1.0),
             };
             rope_swa = Rope {
-                freq_base: g.get_f32(&k("rope.freq_base_swa")).unwrap_or(base),
+                freq_base: finite_positive(g, &k("rope.freq_base_swa"), base)?,
                 freq_scale: scale,
                 ..rope
             };

@@ -4,6 +4,7 @@
 
 pub mod plan;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use edge_kernels::Kernels;
@@ -47,6 +48,8 @@ pub struct Session {
     policy: ContextPolicy,
     /// Context shifts done since the last reset.
     n_shifts: usize,
+    /// Raised by the caller to stop a long run between ubatch chunks.
+    interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -113,6 +116,7 @@ impl Session {
             last_graph_is_prefill: false,
             policy: ContextPolicy::Stop,
             n_shifts: 0,
+            interrupt: None,
         })
     }
 
@@ -272,7 +276,13 @@ impl Session {
             self.check_fits(tokens.len(), what)?;
         }
         let ubatch = self.ubatch;
-        for chunk in tokens.chunks(ubatch) {
+        for (i, chunk) in tokens.chunks(ubatch).enumerate() {
+            if i > 0 && self.interrupted() {
+                return Err(EngineError::Interrupted {
+                    processed: i * ubatch,
+                    requested: tokens.len(),
+                });
+            }
             self.make_room(chunk.len(), what)?;
             self.check_fits(chunk.len(), what)?;
             self.run(chunk)?;
@@ -289,7 +299,36 @@ impl Session {
                 "no logits yet: process some tokens first".into(),
             ));
         }
-        self.backend.argmax(self.last_graph())
+        let token = self.backend.argmax(self.last_graph())?;
+        self.check_finite(token)?;
+        Ok(token)
+    }
+
+    /// An interrupt flag: while it is raised, a run of several ubatch chunks (a long prompt)
+    /// stops before its next chunk with [`EngineError::Interrupted`], keeping the chunks already
+    /// processed. A signal handler may raise it; the session never lowers it. The first chunk of
+    /// a call always runs, so a caller that stops between tokens on the same flag loses nothing.
+    pub fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
+        self.interrupt = Some(flag);
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+
+    /// Refuses a token picked from logits that are not finite: a broken model must end with
+    /// an error, not with whatever token NaN comparisons leave (often an end of generation).
+    fn check_finite(&self, token: u32) -> Result<()> {
+        if self.backend.output_finite(self.last_graph(), token)? {
+            Ok(())
+        } else {
+            Err(EngineError::NonFinite {
+                what: "the logits",
+                position: self.n_past.saturating_sub(1),
+            })
+        }
     }
 
     /// The next token from the last run's logits with `sampler`: the token
@@ -305,7 +344,9 @@ impl Session {
                 "no logits yet: process some tokens first".into(),
             ));
         }
-        self.backend.sample(self.last_graph(), sampler)
+        let token = self.backend.sample(self.last_graph(), sampler)?;
+        self.check_finite(token)?;
+        Ok(token)
     }
 
     /// Logits of the last processed position (empty before any run, or if copying them from
@@ -363,6 +404,9 @@ impl Session {
             &self.decode
         };
         self.has_logits = false;
+        // A file truncated or rewritten in place would fault (SIGBUS) or feed unvalidated
+        // bytes to the kernels: refuse to run on it (one fstat; a run is milliseconds).
+        self.model.gguf().check_unchanged()?;
         self.backend
             .run(&self.model, pg, chunk, self.n_past, !use_prefill)?;
         self.n_past += chunk.len();

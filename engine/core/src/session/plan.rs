@@ -21,7 +21,8 @@ pub const DEFAULT_UBATCH: usize = 512;
 /// How to size a session.
 #[derive(Debug, Clone, Default)]
 pub struct SessionConfig {
-    /// Context size in tokens (KV cache positions); `None`: min(4096, trained context).
+    /// Context size in tokens (KV cache positions), at most the model's trained context;
+    /// `None`: min(4096, trained context).
     pub ctx: Option<usize>,
     /// Tokens per prefill run; `None`: min(512, ctx).
     pub ubatch: Option<usize>,
@@ -115,6 +116,23 @@ impl SessionPlan {
                 Setting::Ctx,
                 ctx,
                 hint![Setting::Ctx, " must be at least 1"],
+            ));
+        }
+        // Positions past the trained context have rotary angles the model never saw; and the
+        // size is from the caller, so it is bounded before anything is sized by it.
+        if ctx > p.n_ctx_train {
+            return Err(EngineError::invalid_setting(
+                Setting::Ctx,
+                ctx,
+                hint![
+                    Setting::Ctx,
+                    format!(
+                        " {ctx} is more than the {} tokens the model was trained for: use ",
+                        p.n_ctx_train
+                    ),
+                    Setting::Ctx,
+                    format!(" {} or less", p.n_ctx_train)
+                ],
             ));
         }
         let ubatch = cfg.ubatch.unwrap_or(DEFAULT_UBATCH).min(ctx);

@@ -496,6 +496,27 @@ impl CudaExecutor {
         Ok((v[0].max(0) as u32, v[1] != 0))
     }
 
+    /// Logit `index` of the last run (one f32 copied), `None` outside the logits.
+    pub fn logit_at(&self, index: usize) -> Result<Option<f32>, String> {
+        let (src, len) = self.logits_src;
+        if index >= len {
+            return Ok(None);
+        }
+        if let Some(v) = self.logits.get() {
+            return Ok(Some(v[index]));
+        }
+        self.ctx.bind_to_thread().map_err(drv("bind"))?;
+        let mut v = [0f32; 1];
+        // SAFETY: `src` holds `len` f32s of the last run's logits and `index < len`; the
+        // stream is synchronized before `v` is read or dropped.
+        unsafe {
+            result::memcpy_dtoh_async(&mut v, src + (index * 4) as u64, self.stream.cu_stream())
+        }
+        .map_err(drv("copy logit"))?;
+        self.stream.synchronize().map_err(drv("logit"))?;
+        Ok(Some(v[0]))
+    }
+
     /// Number of logits of the last run (0 before any run).
     pub fn logits_len(&self) -> usize {
         self.logits_src.1
@@ -601,6 +622,13 @@ impl Backend for CudaExecutor {
             }
         }
         Ok(sampler.sample(self.output(graph)?))
+    }
+
+    fn output_finite(&self, _graph: &PlannedGraph, chosen: u32) -> EngineResult<bool> {
+        let v = self
+            .logit_at(chosen as usize)
+            .map_err(|e| EngineError::Device(e.into()))?;
+        Ok(v.is_none_or(f32::is_finite))
     }
 
     fn shift_context(
