@@ -18,5 +18,6 @@ pub mod cpu;
 pub mod steal;
 pub mod testutil;
 pub mod threads;
+pub mod wait;
 
 pub use cpu::{KernelError, Kernels, Q8Rounding};

@@ -6,38 +6,43 @@
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Spins this many times before yielding the core: an op of a small model lasts microseconds,
-/// so a waiting thread usually gets its turn within the spin.
-const SPINS_BEFORE_YIELD: u32 = 2_000;
-/// Idle workers go to sleep after this many yields, so a pool between requests costs no CPU.
-const YIELDS_BEFORE_SLEEP: u32 = 20;
+use crate::wait::{Event, SpinBudget};
 
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// Bumped by `run` to publish a new job.
-    generation: AtomicUsize,
+    /// Signalled by `run` to publish a new job (and by `drop` to stop the workers).
+    job_posted: Event,
+    /// Signalled by the last worker to finish the current job.
+    job_done: Event,
     /// Workers still running the current job.
     remaining: AtomicUsize,
     /// The current job; written only while no worker runs (remaining == 0), read after
-    /// `generation` is observed to change (acquire), so reads never race with writes.
+    /// `job_posted` is observed to change (acquire), so reads never race with writes.
     job: UnsafeCell<Option<Job>>,
     panicked: AtomicBool,
     shutdown: AtomicBool,
-    sleep_lock: Mutex<()>,
-    wake: Condvar,
+    /// How long idle workers spin for the next job (the gap between two forward passes:
+    /// sampling, streaming the text) before they sleep.
+    idle_spin: SpinBudget,
+    /// How long the caller spins for the workers to finish.
+    done_spin: SpinBudget,
 }
 
-// SAFETY: `job` is the only non-Sync field; access is ordered by `generation` (release on
+// SAFETY: `job` is the only non-Sync field; access is ordered by `job_posted` (release on
 // publish, acquire before reading) and `remaining` (no write while a worker may read).
 unsafe impl Sync for Shared {}
 // SAFETY: the raw job pointer is only dereferenced while `run` keeps its referent alive.
 unsafe impl Send for Shared {}
 
 /// A fixed set of threads that run jobs of the form `Fn(thread_index)`; the caller is thread 0.
+///
+/// Waiting threads spin only as long as spinning has been paying off, then sleep on a futex
+/// ([`crate::wait`]), so a pool with more threads than free cores, or two pools on the same
+/// cores, slows down in proportion instead of spinning away the cores it waits for.
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
@@ -50,13 +55,14 @@ impl ThreadPool {
     pub fn new(n_threads: usize) -> Result<ThreadPool, String> {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            generation: AtomicUsize::new(0),
+            job_posted: Event::new(),
+            job_done: Event::new(),
             remaining: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
-            sleep_lock: Mutex::new(()),
-            wake: Condvar::new(),
+            idle_spin: SpinBudget::new(),
+            done_spin: SpinBudget::new(),
         });
         let mut pool = ThreadPool {
             shared,
@@ -92,78 +98,47 @@ impl ThreadPool {
         // before `remaining` drops to 0, i.e. before every worker is done with the pointer.
         let ptr: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(job) };
         // SAFETY: no worker reads `job` now: the previous run ended with remaining == 0 and
-        // workers only read it after seeing a new generation, which we publish below.
+        // workers only read it after seeing a new post, which we publish below.
         unsafe { *s.job.get() = Some(ptr) };
         s.remaining.store(self.n_threads - 1, Ordering::Relaxed);
-        {
-            let _guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.generation.fetch_add(1, Ordering::Release);
-            s.wake.notify_all();
-        }
+        let done_before = s.job_done.current();
+        s.job_posted.signal();
         let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(0))).is_ok();
-        let mut spins = 0u32;
-        while s.remaining.load(Ordering::Acquire) != 0 {
-            backoff(&mut spins);
-        }
+        // Always wait for the signal itself (not for `remaining`): the next run reads
+        // `job_done` afresh, so this run's signal must have landed before we return.
+        s.job_done.wait_past(done_before, &s.done_spin);
         ok && !s.panicked.load(Ordering::Relaxed)
     }
 }
 
-fn backoff(spins: &mut u32) {
-    if *spins < SPINS_BEFORE_YIELD {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-    *spins = spins.saturating_add(1);
-}
-
 fn worker_loop(s: &Shared, index: usize) {
-    let mut seen = 0usize;
+    // The count the pool was created with (not the current one: `run` may already have posted
+    // the first job before this thread started).
+    let mut seen = 0;
     loop {
-        let mut spins = 0u32;
-        loop {
-            if s.shutdown.load(Ordering::Acquire) {
-                return;
-            }
-            if s.generation.load(Ordering::Acquire) != seen {
-                break;
-            }
-            if spins < SPINS_BEFORE_YIELD + YIELDS_BEFORE_SLEEP {
-                backoff(&mut spins);
-            } else {
-                let guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
-                if s.generation.load(Ordering::Acquire) == seen
-                    && !s.shutdown.load(Ordering::Acquire)
-                {
-                    drop(s.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
-                }
-            }
+        s.job_posted.wait_past(seen, &s.idle_spin);
+        seen = s.job_posted.current();
+        if s.shutdown.load(Ordering::Acquire) {
+            return;
         }
-        seen = s.generation.load(Ordering::Acquire);
-        // SAFETY: a new generation was published with the job written before it (release /
-        // acquire), and `run` keeps the job alive until we decrement `remaining`.
-        let job = unsafe { (*s.job.get()).expect("job published with generation") };
+        // SAFETY: a new job was posted with the job written before it (release / acquire),
+        // and `run` keeps the job alive until we decrement `remaining`.
+        let job = unsafe { (*s.job.get()).expect("job posted before it is signalled") };
         // SAFETY: see above: the referent outlives this call.
         let job = unsafe { &*job };
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(index))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        s.remaining.fetch_sub(1, Ordering::Release);
+        if s.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            s.job_done.signal();
+        }
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
-        {
-            let _guard = self
-                .shared
-                .sleep_lock
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            self.shared.wake.notify_all();
-        }
+        self.shared.job_posted.signal();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -171,20 +146,15 @@ impl Drop for ThreadPool {
 }
 
 /// A barrier for the threads of one pool job: all `n` threads call [`SpinBarrier::wait`]
-/// between ops. Spins briefly (ops of a small model last microseconds), then sleeps on a
-/// condition variable, so an oversubscribed machine (other processes, parallel tests) does not
-/// turn every barrier into a scheduler time slice.
+/// between ops. Spins while spinning pays off (ops of a small model last microseconds), then
+/// sleeps on a futex, so an oversubscribed machine (other processes, more threads than cores)
+/// does not spend the cores on waiting for a thread that cannot run (see [`crate::wait`]).
 pub struct SpinBarrier {
     n: usize,
     count: AtomicUsize,
-    generation: AtomicUsize,
-    sleepers: AtomicUsize,
-    lock: Mutex<()>,
-    wake: Condvar,
+    released: Event,
+    spin: SpinBudget,
 }
-
-/// Spins at a barrier before sleeping.
-const BARRIER_SPINS: u32 = 20_000;
 
 impl SpinBarrier {
     /// A barrier for `n` threads.
@@ -192,11 +162,14 @@ impl SpinBarrier {
         SpinBarrier {
             n: n.max(1),
             count: AtomicUsize::new(0),
-            generation: AtomicUsize::new(0),
-            sleepers: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-            wake: Condvar::new(),
+            released: Event::new(),
+            spin: SpinBudget::new(),
         }
+    }
+
+    /// The current spin budget in nanoseconds (for diagnostics and tests).
+    pub fn spin_nanos(&self) -> u32 {
+        self.spin.nanos()
     }
 
     /// Blocks until all `n` threads have called `wait` for this round. Writes made before
@@ -205,31 +178,14 @@ impl SpinBarrier {
         if self.n == 1 {
             return;
         }
-        let gen = self.generation.load(Ordering::SeqCst);
+        // Read before arriving: the round cannot end (and the count move on) before we arrive.
+        let round = self.released.current();
         if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
             self.count.store(0, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::SeqCst);
-            // SeqCst on `generation` and `sleepers` on both sides: either we see the sleeper
-            // and wake it, or it sees the new generation before it sleeps.
-            if self.sleepers.load(Ordering::SeqCst) > 0 {
-                let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-                self.wake.notify_all();
-            }
+            self.released.signal();
             return;
         }
-        for _ in 0..BARRIER_SPINS {
-            if self.generation.load(Ordering::Acquire) != gen {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.generation.load(Ordering::SeqCst) == gen {
-            guard = self.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
-        }
-        drop(guard);
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.released.wait_past(round, &self.spin);
     }
 }
 
@@ -243,6 +199,55 @@ pub fn split_range(n: usize, i: usize, n_threads: usize, granule: usize) -> std:
     let start_u = i * per + i.min(extra);
     let end_u = start_u + per + usize::from(i < extra);
     (start_u * granule).min(n)..(end_u * granule).min(n)
+}
+
+/// How many threads to run when none are asked for, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadChoice {
+    /// The threads to run.
+    pub threads: usize,
+    /// The CPUs this process may run on (affinity mask and cgroup quota).
+    pub allowed: usize,
+    /// CPUs other processes kept busy when we looked (0 where that cannot be read).
+    pub busy: usize,
+}
+
+/// The threads to use when none are asked for: the CPUs this process may run on, less those
+/// other processes keep busy right now, at least 1.
+///
+/// A static split of every op over more threads than there are free cores waits at each
+/// barrier for the thread that is not running, so on a shared machine (a robot's other nodes,
+/// a second model) fewer threads decode faster. "Busy" is the number of runnable tasks in
+/// `/proc/loadavg` (Linux), the median of a few samples over ~8 ms, less the one that is
+/// reading it; elsewhere nothing is subtracted.
+pub fn default_thread_count() -> ThreadChoice {
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let busy = busy_cpus().unwrap_or(0).min(allowed);
+    ThreadChoice {
+        threads: (allowed - busy).max(1),
+        allowed,
+        busy,
+    }
+}
+
+/// Runnable tasks of other processes, from the 4th field of `/proc/loadavg` ("running/total").
+fn busy_cpus() -> Option<usize> {
+    let mut samples = [0usize; 7];
+    for (i, s) in samples.iter_mut().enumerate() {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        *s = runnable_tasks(&std::fs::read_to_string("/proc/loadavg").ok()?)?;
+    }
+    samples.sort_unstable();
+    // Less ourselves: the thread reading the file is running.
+    Some(samples[samples.len() / 2].saturating_sub(1))
+}
+
+/// The running count of a `/proc/loadavg` line: `0.52 0.58 0.59 3/467 12345` -> 3.
+fn runnable_tasks(loadavg: &str) -> Option<usize> {
+    let field = loadavg.split_whitespace().nth(3)?;
+    field.split('/').next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -285,6 +290,33 @@ mod tests {
         let pool = ThreadPool::new(2).unwrap();
         assert!(!pool.run(&|i| assert!(i != 1, "worker panics")));
         assert!(pool.run(&|_| {}));
+    }
+
+    #[test]
+    fn more_threads_than_cores_still_meet() {
+        // Four times the CPUs: every barrier round has threads that are not running.
+        let n = 4 * std::thread::available_parallelism().map_or(1, |n| n.get()) + 1;
+        let pool = ThreadPool::new(n).unwrap();
+        let barrier = SpinBarrier::new(n);
+        let sum = AtomicUsize::new(0);
+        for _ in 0..20 {
+            assert!(pool.run(&|_| {
+                for _ in 0..25 {
+                    sum.fetch_add(1, Ordering::Relaxed);
+                    barrier.wait();
+                }
+            }));
+        }
+        assert_eq!(sum.load(Ordering::Relaxed), 20 * 25 * n);
+    }
+
+    #[test]
+    fn loadavg_running_field() {
+        assert_eq!(runnable_tasks("0.52 0.58 0.59 3/467 12345\n"), Some(3));
+        assert_eq!(runnable_tasks("0.52 0.58"), None);
+        assert_eq!(runnable_tasks("a b c x/4 5"), None);
+        let c = default_thread_count();
+        assert!(c.threads >= 1 && c.threads <= c.allowed && c.busy <= c.allowed);
     }
 
     #[test]

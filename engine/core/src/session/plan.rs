@@ -41,9 +41,19 @@ pub struct SessionConfig {
     pub cuda_weights: Option<WeightPath>,
 }
 
-/// The threads to use when none are asked for: the cores this process may run on.
+/// The threads to use when none are asked for: the CPUs this process may run on, less those
+/// other processes keep busy ([`edge_kernels::threads::default_thread_count`]).
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    let choice = edge_kernels::threads::default_thread_count();
+    if choice.busy > 0 {
+        log::info!(
+            "threads: {} ({} CPUs allowed, {} busy with other processes)",
+            choice.threads,
+            choice.allowed,
+            choice.busy
+        );
+    }
+    choice.threads
 }
 
 /// `threads`, or why it is no thread count (1 to [`MAX_THREADS`]).
