@@ -73,7 +73,11 @@ impl Session {
     /// Opens a session from a plan made for this model (e.g. by
     /// [`SessionPlan::within_budget`]): allocates exactly what the plan's report says.
     pub fn from_plan(model: Arc<Model>, plan: SessionPlan) -> Result<Session> {
-        Session::from_plan_with_kernels(model, plan, Kernels::detect())
+        let kernels = match plan.device {
+            Device::Cpu => crate::backend::cpu::tune::choose(&model, Kernels::detect()),
+            Device::Cuda(_) => Kernels::detect(),
+        };
+        Session::from_plan_with_kernels(model, plan, kernels)
     }
 
     /// [`Session::from_plan`] with the given kernels instead of [`Kernels::detect`]'s (to run

@@ -198,6 +198,20 @@ enum Isa {
 pub struct Kernels {
     isa: Isa,
     q8: Q8Rounding,
+    /// Per [`Phase`], a bit per weight type (by GGML id) whose matmuls run on the 256-bit
+    /// kernels of an AVX-512 set: measured to be faster for it on this CPU
+    /// ([`Kernels::with_256_bit`]). Results are the same bits either way.
+    narrow: [u64; 2],
+}
+
+/// Which matmuls a kernel choice is for: one activation row (decode: [`Kernels::matvec`]) or
+/// several at once (prefill: [`Kernels::matvec_tokens`], [`Kernels::matvec_tokens8`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// One token at a time.
+    Decode = 0,
+    /// Several tokens at a time.
+    Prefill = 1,
 }
 
 impl Kernels {
@@ -297,6 +311,7 @@ impl Kernels {
         Kernels {
             isa: Isa::Scalar,
             q8: Q8Rounding::GgmlRef,
+            narrow: [0; 2],
         }
     }
 
@@ -316,6 +331,7 @@ impl Kernels {
         x86::Token::detect().map(|t| Kernels {
             isa: Isa::Avx2(t),
             q8: Q8Rounding::GgmlRef,
+            narrow: [0; 2],
         })
     }
 
@@ -326,6 +342,7 @@ impl Kernels {
         x86::Token::detect_avx512().map(|t| Kernels {
             isa: Isa::Avx2(t),
             q8: Q8Rounding::GgmlRef,
+            narrow: [0; 2],
         })
     }
 
@@ -337,6 +354,7 @@ impl Kernels {
         neon::Token::detect().map(|t| Kernels {
             isa: Isa::Neon(t),
             q8: Q8Rounding::GgmlRef,
+            narrow: [0; 2],
         })
     }
 
@@ -347,6 +365,7 @@ impl Kernels {
         neon::Token::detect().map(|t| Kernels {
             isa: Isa::Neon(t.without_dotprod()),
             q8: Q8Rounding::GgmlRef,
+            narrow: [0; 2],
         })
     }
 
@@ -372,6 +391,50 @@ impl Kernels {
                 }
             }
         }
+    }
+
+    /// Whether this set has a 256-bit alternative for some weight types' matmuls (an AVX-512
+    /// set, whose AVX2 kernels give the same bits): what [`Kernels::with_256_bit`] can choose.
+    pub fn has_256_bit_alternative(&self) -> bool {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(t) => t.avx512(),
+            _ => false,
+        }
+    }
+
+    /// The same kernels, with `w_ty`'s matmuls in `phase` on the 256-bit (AVX2) kernels
+    /// (`on`) or on the set's own. A no-op where [`Kernels::has_256_bit_alternative`] is false.
+    /// Outputs are unchanged: the AVX2 and AVX-512 kernels are bit-identical (tested).
+    pub fn with_256_bit(mut self, w_ty: GgmlType, phase: Phase, on: bool) -> Kernels {
+        if self.has_256_bit_alternative() && w_ty.id() < 64 {
+            let bit = 1u64 << w_ty.id();
+            let m = &mut self.narrow[phase as usize];
+            *m = if on { *m | bit } else { *m & !bit };
+        }
+        self
+    }
+
+    /// The instruction set `w_ty`'s matmuls in `phase` run on: [`Kernels::isa_name`], or
+    /// `"avx2"` where [`Kernels::with_256_bit`] chose it.
+    pub fn isa_name_for(&self, w_ty: GgmlType, phase: Phase) -> &'static str {
+        Kernels {
+            isa: self.isa_for(w_ty, phase),
+            ..*self
+        }
+        .isa_name()
+    }
+
+    /// The instruction set for `w_ty`'s matmuls in `phase`.
+    fn isa_for(&self, w_ty: GgmlType, phase: Phase) -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa {
+            if w_ty.id() < 64 && self.narrow[phase as usize] & (1u64 << w_ty.id()) != 0 {
+                return Isa::Avx2(t.without_avx512());
+            }
+        }
+        let _ = (w_ty, phase);
+        self.isa
     }
 
     /// [`quantize_row`] with this instruction set and this rounding flavour. Results are
@@ -545,6 +608,7 @@ impl Kernels {
         y: &mut [f32],
     ) {
         let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+        let isa = self.isa_for(w_ty, Phase::Decode);
         assert_eq!(y.len(), rows.len(), "matvec: y must have one slot per row");
         assert!(x_q.len() >= xb, "matvec: activation too short");
         // llama.cpp repacks some types into 8-row groups, by the whole matrix's row count.
@@ -560,7 +624,7 @@ impl Kernels {
         }
         // The AVX2 Q4_0/Q4_1/Q8_0 kernels of avx2.rs prefetch inside their loops.
         #[cfg(target_arch = "x86_64")]
-        let streams_itself = match self.isa {
+        let streams_itself = match isa {
             Isa::Avx2(_) => {
                 matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q8_0)
                     || (w_ty == GgmlType::Q4_0 && !repacked)
@@ -623,7 +687,7 @@ impl Kernels {
                 }
             }};
         }
-        match (self.isa, w_ty) {
+        match (isa, w_ty) {
             // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_0) if repacked => {
@@ -921,7 +985,7 @@ impl Kernels {
         y: [&mut [f32]; MATVEC_TOKENS],
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if let Isa::Avx2(t) = self.isa {
+        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
@@ -1011,7 +1075,7 @@ impl Kernels {
         y: [&mut [f32]; MATVEC_TOKENS8],
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if let Isa::Avx2(t) = self.isa {
+        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
             if !t.avx512() || !matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1) {
                 return false;
             }

@@ -849,3 +849,112 @@ fn bench_matvec_q4_0_dram() {
         );
     }
 }
+
+/// A per-type choice of the 256-bit kernels inside an AVX-512 set (what the engine's kernel
+/// tuning picks by measurement) gives the same bits as the AVX-512 kernels, in both phases, on
+/// matrices llama.cpp repacks (16 and 24 rows) and on ones it does not (7 rows).
+#[test]
+fn choosing_256_bit_kernels_per_type_keeps_the_bits() {
+    let Some(wide) = Kernels::available()
+        .into_iter()
+        .find(|k| k.has_256_bit_alternative())
+    else {
+        // Only x86-64 CPUs with AVX-512 have a choice; CI's machine has one.
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        assert!(
+            !ci,
+            "CI=true but this CPU has no AVX-512 set to choose within"
+        );
+        eprintln!("skipped: this CPU has no AVX-512 kernels");
+        return;
+    };
+    let mut r = Rng::new(77);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
+        let narrow =
+            wide.with_256_bit(ty, Phase::Decode, true)
+                .with_256_bit(ty, Phase::Prefill, true);
+        assert_eq!(narrow.isa_name_for(ty, Phase::Decode), "avx2");
+        assert_eq!(narrow.isa_name_for(ty, Phase::Prefill), "avx2");
+        assert_eq!(narrow.isa_name_for(GgmlType::F16, Phase::Decode), "avx512");
+        assert_eq!(
+            narrow.with_256_bit(ty, Phase::Decode, false),
+            wide.with_256_bit(ty, Phase::Prefill, true)
+        );
+        let n = 512;
+        for rows in [7usize, 16, 24] {
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| any_weight_row(&mut r, ty, n))
+                .collect();
+            let xt = ty.vec_dot_type();
+            let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS8)
+                .map(|_| {
+                    let mut b = vec![0u8; bytes_of(xt, n)];
+                    wide.quantize_row(xt, &r.vec(n, 1.0), &mut b).unwrap();
+                    b
+                })
+                .collect();
+            let run = |k: &Kernels| {
+                let mut one = vec![0f32; rows];
+                k.matvec(ty, n, &w, &xs[0], 0..rows, &mut one);
+                let mut four = vec![vec![f32::NAN; rows]; MATVEC_TOKENS];
+                let [a, b, c, d] = &mut four[..] else {
+                    unreachable!()
+                };
+                let x4 = std::array::from_fn(|t| &xs[t][..]);
+                let did4 = k.matvec_tokens(ty, n, &w, x4, 0..rows, [a, b, c, d]);
+                let mut eight = vec![vec![f32::NAN; rows]; MATVEC_TOKENS8];
+                let [a, b, c, d, e, f, g, h] = &mut eight[..] else {
+                    unreachable!()
+                };
+                let x8 = std::array::from_fn(|t| &xs[t][..]);
+                let did8 = k.matvec_tokens8(ty, n, &w, x8, 0..rows, [a, b, c, d, e, f, g, h]);
+                (
+                    bits(&one),
+                    did4.then(|| four.concat()),
+                    did8.then(|| eight.concat()),
+                )
+            };
+            let (w1, w4, w8) = run(&wide);
+            let (n1, n4, n8) = run(&narrow);
+            assert_eq!(w1, n1, "{ty} {rows} rows: one token");
+            if let (Some(a), Some(b)) = (&w4, &n4) {
+                assert_eq!(bits(a), bits(b), "{ty} {rows} rows: 4 tokens");
+            }
+            // The 8-token kernels are AVX-512 only: the 256-bit choice declines them, and the
+            // caller's 4-token path gives the same bits.
+            assert!(n8.is_none(), "{ty}: 8-token kernel on the 256-bit choice");
+            if let (Some(a), Some(b)) = (&w8, &n4) {
+                assert_eq!(
+                    bits(&a[..4 * rows]),
+                    bits(b),
+                    "{ty} {rows} rows: 8 vs 4 tokens"
+                );
+            }
+        }
+    }
+}
+
+/// A weight row of any type: quantized from random floats where a quantizer exists, else
+/// (k-quants) random bytes with finite f16 scales where the block keeps them.
+fn any_weight_row(r: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    let scale_offsets: &[usize] = match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => return weight_row(r, ty, n),
+    };
+    let mut b = r.bytes(bytes_of(ty, n));
+    for blk in b.chunks_exact_mut(ty.block_bytes()) {
+        for &o in scale_offsets {
+            blk[o..o + 2].copy_from_slice(&f16_le_bytes(r.f32(0.01)));
+        }
+    }
+    b
+}

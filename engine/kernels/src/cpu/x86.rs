@@ -43,6 +43,11 @@ impl Token {
     pub(super) fn avx512(self) -> bool {
         self.avx512
     }
+
+    /// The same CPU's AVX2 kernels only (an AVX-512 token proves AVX2, FMA and F16C too).
+    pub(super) fn without_avx512(self) -> Token {
+        Token { avx512: false }
+    }
 }
 
 /// Whether this CPU runs the AVX-512 kernels: AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI

@@ -6,6 +6,7 @@ mod attention;
 pub mod exec;
 mod matmul;
 mod ops;
+pub mod tune;
 
 use edge_gguf::HugePages;
 use edge_kernels::Kernels;
