@@ -51,7 +51,7 @@ pub enum Command {
 /// Where a model runs and on how many threads: every command that runs one.
 #[derive(Args, Debug)]
 pub struct ComputeFlags {
-    /// Threads [default: the available cores].
+    /// Threads [default: the CPUs this process may use, less those other processes keep busy].
     #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
     pub threads: Option<usize>,
     /// Device: cpu, cuda or cuda:N [default: cuda if this build has CUDA support and a GPU is
@@ -270,7 +270,7 @@ pub struct EmbedArgs {
     /// Longest text in tokens, [CLS] and [SEP] included [default: the model's context length].
     #[arg(long = "max-tokens", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
     pub max_tokens: Option<usize>,
-    /// Threads [default: the available cores].
+    /// Threads [default: the CPUs this process may use, less those other processes keep busy].
     #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = threads)]
     pub threads: Option<usize>,
     /// Device: only cpu runs encoder models [default: cpu].
