@@ -39,6 +39,10 @@ fn dump_enabled() -> bool {
 /// two threads never write the same line.
 pub(super) const F32_GRANULE: usize = 16;
 
+/// A barrier spin budget at or below this (ns) means waits have mostly outlasted the spin: a
+/// thread of ours is being descheduled (more threads than free cores).
+const CONTENDED_SPIN_NS: u32 = 4 * edge_kernels::wait::SpinBudget::MIN_NS;
+
 /// Bytes of scratch one thread needs for attention over `ctx` positions with heads of
 /// `head_dim`: one row of scores (one head, one token), the query, and the ordered
 /// accumulators of the output (64 lanes per output element; see
@@ -141,6 +145,10 @@ impl Executor {
         assert!(args.pos0 + args.tokens.len() <= kv.ctx);
         let n = self.n_threads();
         let dump = self.dump;
+        // Decided once per run, for every thread alike (a matmul's rows are either all claimed
+        // or all split statically): when the barrier's waits have been long, a thread is being
+        // descheduled, and every decode matmul lets the others take its rows.
+        let steal_all = self.barrier.spin_nanos() <= CONTENDED_SPIN_NS;
         let tag0 = self
             .next_tag
             .fetch_add(pg.graph.ops.len(), std::sync::atomic::Ordering::Relaxed);
@@ -155,6 +163,7 @@ impl Executor {
                     tid,
                     n_threads: n,
                     tag: tag0.wrapping_add(i),
+                    steal_all,
                 };
                 ctx.run(op);
                 if pg.barrier_after(i) || dump {
@@ -219,6 +228,9 @@ pub(super) struct OpCtx<'a> {
     pub(super) n_threads: usize,
     /// Tags this op's row claims: consecutive ops have consecutive tags.
     pub(super) tag: usize,
+    /// Every decode matmul claims its rows in chunks, whatever its size (the machine is
+    /// contended: see [`CONTENDED_SPIN_NS`]).
+    pub(super) steal_all: bool,
 }
 
 impl OpCtx<'_> {

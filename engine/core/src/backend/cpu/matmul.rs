@@ -56,8 +56,8 @@ impl OpCtx<'_> {
         let n_tok = self.rows_of(out);
         let xq = self.input_bytes(x, 0..n_tok);
         let xrb = self.pg.graph.values[x.0].row_bytes();
-        if n_tok == 1 && self.n_threads > 1 && bytes.len() / self.n_threads >= STEAL_MIN_SHARE_BYTES
-        {
+        let large = bytes.len() / self.n_threads >= STEAL_MIN_SHARE_BYTES;
+        if n_tok == 1 && self.n_threads > 1 && (large || self.steal_all) {
             // Decode streams the weights once and is memory-bound: long chunks first keep each
             // thread's reads sequential, and stealing the short last ones evens out the finish.
             let min_rows = DECODE_MIN_CHUNK_BYTES
