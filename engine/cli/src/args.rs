@@ -46,6 +46,9 @@ pub enum Command {
     /// Print sentence embeddings of texts from an encoder (BERT) model: one line of numbers per
     /// text, or JSON with --json.
     Embed(EmbedArgs),
+    /// Serve the model over HTTP with an OpenAI-compatible API (chat, completions, embeddings,
+    /// models, health, metrics); every slot's memory is planned before the port opens.
+    Serve(ServeArgs),
 }
 
 /// Where a model runs and on how many threads: every command that runs one.
@@ -281,6 +284,44 @@ pub struct EmbedArgs {
     /// Print a JSON array of {"text", "n_tokens", "embedding"} objects.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `edge-run serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long = "host", default_value = "127.0.0.1", value_name = "ADDR")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (printed at start-up).
+    #[arg(long = "port", default_value_t = 8080, value_name = "PORT")]
+    pub port: u16,
+    /// Requests generated at once: each slot is one session (KV cache + arena, planned and
+    /// allocated at start-up) on its own thread.
+    #[arg(long = "slots", default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = slots)]
+    pub slots: usize,
+    /// Requests that may wait for a free slot; beyond that a request gets 503 with Retry-After.
+    #[arg(long = "queue", default_value_t = 16, value_name = "N", allow_negative_numbers = true, value_parser = count)]
+    pub queue: usize,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    /// Require `Authorization: Bearer KEY` on every request except GET /health.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Serve GET /metrics (Prometheus text format).
+    #[arg(long = "metrics")]
+    pub metrics: bool,
+}
+
+/// The most `serve --slots` takes (each slot is a session and a thread).
+pub const MAX_SLOTS: usize = 256;
+
+fn slots(s: &str) -> Result<usize, String> {
+    match positive(s)? {
+        n if n > MAX_SLOTS => Err(format!("must be at most {MAX_SLOTS}")),
+        n => Ok(n),
+    }
 }
 
 // ---- flag value parsers: each error names what is expected (clap adds the flag and value) ----

@@ -19,6 +19,7 @@ mod generate;
 mod inspect;
 mod output;
 mod plan;
+mod serve;
 mod session;
 mod signals;
 
@@ -78,6 +79,7 @@ fn main() -> ExitCode {
         Some(Command::Plan(a)) => plan::plan(a).map(|()| 0),
         Some(Command::Bench(a)) => bench::bench(a).map(|()| 0),
         Some(Command::Embed(a)) => embed::embed(a).map(|()| 0),
+        Some(Command::Serve(a)) => serve::serve(a),
         None => generate::generate(cli.generate),
     });
     match result {
