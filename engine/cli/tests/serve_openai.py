@@ -98,4 +98,31 @@ try:
 except openai.NotFoundError:
     check(True, "unknown model -> NotFoundError")
 
+# Embeddings, with an encoder model's server (the client asks for base64 by default).
+EMBED_BASE = os.environ.get("EDGE_RUN_EMBED_BASE_URL")
+if EMBED_BASE:
+    import json
+
+    texts = json.loads(os.environ["EDGE_RUN_EMBED_TEXTS"])
+    want = json.loads(os.environ["EDGE_RUN_EMBED_EXPECTED"])
+    ec = OpenAI(base_url=EMBED_BASE, api_key="unused", max_retries=0)
+    import base64
+    import struct
+
+    def floats(v):
+        # Asked for explicitly, base64 comes back as the string (the client decodes only its own default).
+        if isinstance(v, str):
+            raw = base64.b64decode(v)
+            return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        return v
+
+    for fmt in ("base64", "float"):
+        e = ec.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format=fmt)
+        got = [floats(d.embedding) for d in e.data]
+        worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
+        check(len(got) == len(want) and all(len(g) == len(w) for g, w in zip(got, want)), f"embedding shapes ({fmt})")
+        check(worst < 1e-6, f"embeddings equal the CLI's ({fmt}): max difference {worst}")
+    e = ec.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0])
+    check(len(e.data) == 1 and e.usage.prompt_tokens > 0, "one text, default encoding")
+
 print("ok: all checks passed")

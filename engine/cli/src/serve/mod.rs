@@ -199,9 +199,10 @@ fn bind_error(addr: SocketAddr, e: &std::io::Error) -> CliError {
             "the port {} is in use (another process is listening on it): stop it, or pick another with --port",
             addr.port()
         ),
-        ErrorKind::PermissionDenied => format!(
+        ErrorKind::PermissionDenied => {
             "permission denied (ports below 1024 need privileges): pick another with --port"
-        ),
+                .to_string()
+        }
         ErrorKind::AddrNotAvailable => "the address is not one of this machine's: check --host".to_string(),
         _ => e.to_string(),
     };
