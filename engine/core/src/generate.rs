@@ -267,9 +267,18 @@ impl Session {
         for &t in context {
             sampler.accept(t);
         }
+        // A cached prompt's rest runs in the chunks that reproduce a fresh session's bits.
+        let cached = context.len() != prompt.len();
+        let prefill = |s: &mut Session| {
+            if cached {
+                s.prefill_rest(prompt, context.len()).map(|_| ())
+            } else {
+                s.prefill(prompt).map(|_| ())
+            }
+        };
         let next = if options.max_tokens == 0 {
             if !prompt.is_empty() {
-                self.prefill(prompt)?;
+                prefill(self)?;
             }
             None
         } else {
@@ -281,7 +290,7 @@ impl Session {
                     ));
                 }
             } else {
-                self.prefill(prompt)?;
+                prefill(self)?;
             }
             // On a GPU the sampling runs there when the settings allow (Session::sample).
             Some(self.sample(&mut sampler)?)

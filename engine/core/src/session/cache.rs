@@ -53,6 +53,7 @@ impl Session {
         self.tokens.truncate(n);
         self.n_exact = self.n_exact.min(n);
         self.has_logits = false;
+        self.last_run = 0;
         Ok(())
     }
 
@@ -75,23 +76,126 @@ impl Session {
     /// rendered from its start): keeps the longest prefix of [`Session::tokens`] that
     /// `prompt` starts with (at most [`Session::n_reusable`] tokens, and never the whole
     /// prompt: its last token always runs again, for its logits), drops the rest, and returns
-    /// how many tokens were kept. The caller then processes `prompt[kept..]`;
-    /// [`Session::generate_cached`] does both. The result is that of a fresh session
-    /// processing `prompt` (the kept rows are the ones it would compute).
+    /// how many tokens were kept. The caller then processes `prompt[kept..]` with
+    /// [`Session::prefill_rest`]; [`Session::generate_cached`] does all this. When the kept
+    /// rows were computed from a prompt (not generated one token at a time), the logits are
+    /// those of a fresh session processing `prompt`, bit for bit; rows of generated tokens come
+    /// from the one-token graph, whose rounding differs slightly from the prompt graph's, so
+    /// reusing them (as llama.cpp's server does) gives logits that may differ in their last
+    /// bits from a fresh session's.
     ///
     /// Where the prefix cannot be cut there (a sliding-window model whose ring rows were
     /// overwritten), the session is reset and 0 returned. Allocates nothing.
     pub fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
         let limit = self.n_reusable().min(prompt.len().saturating_sub(1));
-        let common = self.tokens[..limit]
+        let mut common = self.tokens[..limit]
             .iter()
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
+        // A one-token run takes the decode graph, whose rounding differs from the prompt
+        // graph's; runs of several tokens give the same bits however they are split. So the
+        // rest is re-run in chunks of two or more, plus a last single token exactly where a
+        // fresh session's last chunk is one token: a few more tokens run again at most.
+        while common > 0 && !rerun_matches_fresh(prompt.len() - common, prompt.len(), self.ubatch) {
+            common -= 1;
+        }
         if self.truncate(common).is_err() {
             self.reset();
             return 0;
         }
         common
+    }
+}
+
+impl Session {
+    /// Processes `rest`, the tail of a prompt of `prompt_len` tokens whose head
+    /// [`Session::reuse_prefix`] kept, in the chunks that give a fresh session's bits (see
+    /// there), and returns the logits of its last token.
+    pub fn prefill_rest(&mut self, rest: &[u32], prompt_len: usize) -> Result<&[f32]> {
+        let final_single = final_chunk_is_single(prompt_len, self.ubatch);
+        self.advance_chunked(rest, "prompt", Some(final_single))?;
+        self.try_logits()
+    }
+}
+
+/// Whether a fresh session's last chunk of a prompt of `len` tokens is a single token (run by
+/// the decode graph).
+fn final_chunk_is_single(len: usize, ubatch: usize) -> bool {
+    ubatch == 1 || len % ubatch == 1
+}
+
+/// Whether re-running the last `rest` tokens of a prompt of `len` can give a fresh session's
+/// bits: every chunk but a fresh session's single last token must have two or more tokens.
+fn rerun_matches_fresh(rest: usize, len: usize, ubatch: usize) -> bool {
+    if ubatch == 1 {
+        return true;
+    }
+    let body = rest - usize::from(final_chunk_is_single(len, ubatch));
+    match body {
+        0 => true,
+        1 => false,
+        _ => ubatch > 2 || body % 2 == 0,
+    }
+}
+
+/// The next chunk of `rest` tokens: whole ubatches, never a single token (a remainder of one
+/// is balanced as ubatch - 1 and 2), except the last token alone when `final_single`.
+pub(super) fn exact_chunk(rest: usize, final_single: bool, ubatch: usize) -> usize {
+    if ubatch <= 2 {
+        return rest.min(ubatch);
+    }
+    let body = rest - usize::from(final_single && rest > 0);
+    if body == 0 {
+        1
+    } else if body <= ubatch {
+        body
+    } else if body - ubatch == 1 {
+        ubatch - 1
+    } else {
+        ubatch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunks of `rest` tokens, as the session runs them.
+    fn chunks(rest: usize, len: usize, ubatch: usize) -> Vec<usize> {
+        let fs = final_chunk_is_single(len, ubatch);
+        let mut out = Vec::new();
+        let mut left = rest;
+        while left > 0 {
+            let n = exact_chunk(left, fs, ubatch);
+            out.push(n);
+            left -= n;
+        }
+        out
+    }
+
+    #[test]
+    fn reruns_have_no_single_token_chunk_but_a_fresh_sessions() {
+        for ubatch in 1..=9 {
+            for len in 1..=40 {
+                let fs = final_chunk_is_single(len, ubatch);
+                for rest in 1..=len {
+                    if !rerun_matches_fresh(rest, len, ubatch) {
+                        continue;
+                    }
+                    let c = chunks(rest, len, ubatch);
+                    assert_eq!(c.iter().sum::<usize>(), rest);
+                    assert!(c.iter().all(|&n| n >= 1 && n <= ubatch), "{c:?}");
+                    if ubatch > 1 {
+                        let (last, body) = c.split_last().unwrap();
+                        assert!(body.iter().all(|&n| n >= 2), "{ubatch} {len} {rest}: {c:?}");
+                        assert_eq!(*last == 1, fs, "{ubatch} {len} {rest}: {c:?}");
+                    }
+                }
+                // Re-running the whole prompt always works, and so does a rest of at most 3.
+                assert!(rerun_matches_fresh(len, len, ubatch) || ubatch == 2);
+                assert!((1..=3.min(len)).any(|r| rerun_matches_fresh(r, len, ubatch)));
+            }
+        }
     }
 }

@@ -51,6 +51,9 @@ pub struct Session {
     /// would hold: all of them, until a context shift re-rotates the keys after the kept ones
     /// (and those were computed while the dropped tokens were in view).
     n_exact: usize,
+    /// Tokens of the last run (0 once its logits are gone): a loaded state runs its last
+    /// tokens again as one chunk of this size, which reproduces the logits bit for bit.
+    last_run: usize,
     kv_type: crate::kv::KvType,
     report: MemoryReport,
     /// Whether the last run produced logits that can be read.
@@ -123,6 +126,7 @@ impl Session {
             ubatch: plan.ubatch,
             tokens: Vec::with_capacity(plan.ctx),
             n_exact: 0,
+            last_run: 0,
             kv_type: plan.kv_type,
             report,
             has_logits: false,
@@ -182,6 +186,7 @@ impl Session {
     pub fn reset(&mut self) {
         self.tokens.clear();
         self.n_exact = 0;
+        self.last_run = 0;
         self.has_logits = false;
         self.n_shifts = 0;
     }
@@ -274,6 +279,17 @@ impl Session {
     }
 
     fn advance_as(&mut self, tokens: &[u32], what: &'static str) -> Result<()> {
+        self.advance_chunked(tokens, what, None)
+    }
+
+    /// [`Session::advance_as`]; with `exact` = `Some(final_single)` the chunks are sized by
+    /// [`cache::exact_chunk`] (see [`Session::reuse_prefix`]) instead of whole ubatches.
+    fn advance_chunked(
+        &mut self,
+        tokens: &[u32],
+        what: &'static str,
+        exact: Option<bool>,
+    ) -> Result<()> {
         if tokens.is_empty() {
             return Err(EngineError::InvalidArgument(
                 "nothing to process: the prompt has no tokens".into(),
@@ -297,16 +313,24 @@ impl Session {
             self.check_fits(tokens.len(), what)?;
         }
         let ubatch = self.ubatch;
-        for (i, chunk) in tokens.chunks(ubatch).enumerate() {
-            if i > 0 && self.interrupted() {
+        let mut done = 0;
+        while done < tokens.len() {
+            if done > 0 && self.interrupted() {
                 return Err(EngineError::Interrupted {
-                    processed: i * ubatch,
+                    processed: done,
                     requested: tokens.len(),
                 });
             }
+            let rest = tokens.len() - done;
+            let n = match exact {
+                None => rest.min(ubatch),
+                Some(final_single) => cache::exact_chunk(rest, final_single, ubatch),
+            };
+            let chunk = &tokens[done..done + n];
             self.make_room(chunk.len(), what)?;
             self.check_fits(chunk.len(), what)?;
             self.run(chunk)?;
+            done += n;
         }
         Ok(())
     }
@@ -451,6 +475,7 @@ impl Session {
         if exact {
             self.n_exact = self.tokens.len();
         }
+        self.last_run = chunk.len();
         self.has_logits = true;
         self.last_graph_is_prefill = use_prefill && self.prefill.is_some();
         Ok(())

@@ -129,15 +129,16 @@ impl Fnv {
 struct Shape {
     ctx: u32,
     kv_type: u32,
+    row_bytes: u32,
     n_layer: u32,
     n_head_kv: u32,
     head_dim: u32,
     layer_rows: Vec<u32>,
 }
 
-/// Bytes of the fixed header: magic, version, model size and hash, the shape's five numbers,
-/// the token counts (n_tokens, n_exact) and the length of the caller's data.
-const FIXED_HEADER: usize = 8 + 4 + 8 + 8 + 5 * 4 + 3 * 4;
+/// Bytes of the fixed header: magic, version, model size and hash, the shape's six numbers,
+/// the token counts (n_tokens, n_exact, last_run) and the length of the caller's data.
+const FIXED_HEADER: usize = 8 + 4 + 8 + 8 + 6 * 4 + 4 * 4;
 
 fn kv_type_code(t: KvType) -> u32 {
     match t {
@@ -191,6 +192,7 @@ impl Session {
         Shape {
             ctx: self.ctx as u32,
             kv_type: kv_type_code(self.kv_type),
+            row_bytes: self.kv_row_bytes().unwrap_or(0) as u32,
             n_layer: p.n_layer as u32,
             n_head_kv: p.n_head_kv as u32,
             head_dim: p.head_dim as u32,
@@ -285,14 +287,17 @@ impl Session {
         head.extend_from_slice(&STATE_FORMAT_VERSION.to_le_bytes());
         head.extend_from_slice(&size.to_le_bytes());
         head.extend_from_slice(&hash.to_le_bytes());
+        let last_run = if self.has_logits { self.last_run } else { 0 };
         for v in [
             shape.ctx,
             shape.kv_type,
+            shape.row_bytes,
             shape.n_layer,
             shape.n_head_kv,
             shape.head_dim,
             n as u32,
             self.n_reusable() as u32,
+            last_run.min(n) as u32,
             data.len() as u32,
         ] {
             head.extend_from_slice(&v.to_le_bytes());
@@ -361,7 +366,7 @@ impl Session {
             .take(max_len.min(len) + 1)
             .read_to_end(&mut bytes)
             .map_err(io)?;
-        let parsed = self.parse_state(&bytes, &shape, rb).map_err(err)?;
+        let parsed = self.parse_state(&bytes, &shape).map_err(err)?;
         let data = bytes[parsed.1.clone()].to_vec();
         self.restore(&bytes, parsed.0, &shape)?;
         Ok(data)
@@ -373,8 +378,8 @@ impl Session {
         &self,
         bytes: &[u8],
         shape: &Shape,
-        rb: usize,
-    ) -> std::result::Result<((usize, usize, usize), std::ops::Range<usize>), StateError> {
+    ) -> std::result::Result<((usize, usize, usize, usize), std::ops::Range<usize>), StateError>
+    {
         let found = bytes.len() as u64;
         let mut r = Reader(bytes);
         if r.take(8) != Some(&STATE_MAGIC[..]) {
@@ -390,14 +395,23 @@ impl Session {
         }
         let mut head = || -> Option<_> {
             let (size, hash) = (r.u64()?, r.u64()?);
-            let nums = [r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?];
-            let (n, n_exact, n_data) = (r.u32()?, r.u32()?, r.u32()?);
-            Some((size, hash, nums, n, n_exact, n_data))
+            let nums = [r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?];
+            let counts = [r.u32()?, r.u32()?, r.u32()?, r.u32()?];
+            Some((size, hash, nums, counts))
         };
-        let (size, hash, [ctx, kv_type, n_layer, n_head_kv, head_dim], n, n_exact, n_data) =
-            head().ok_or(truncated(FIXED_HEADER as u64))?;
+        let (
+            size,
+            hash,
+            [ctx, kv_type, row_bytes, n_layer, n_head_kv, head_dim],
+            [n, n_exact, last_run, n_data],
+        ) = head().ok_or(truncated(FIXED_HEADER as u64))?;
         // Bounds before sizes are computed from the fields: a damaged count must not overflow.
-        if n_layer > 1 << 16 || n > ctx || n_exact > n || n_data as usize > MAX_STATE_DATA {
+        if n_layer > 1 << 16
+            || n > ctx
+            || n_exact > n
+            || last_run > n
+            || n_data as usize > MAX_STATE_DATA
+        {
             return check_sum(bytes).and(Err(StateError::Damaged(format!(
                 "{n_layer} layers, {n} tokens of which {n_exact} exact in a context of {ctx}, {n_data} bytes of data"
             ))));
@@ -415,9 +429,9 @@ impl Session {
         let kv_at = data_at + n_data as usize;
         let kv_len: u64 = layer_rows
             .iter()
-            .map(|&rows| 2 * u64::from(rows.min(n)) * rb as u64)
-            .sum();
-        let expected = kv_at as u64 + kv_len + 8;
+            .map(|&rows| (2 * u64::from(rows.min(n))).saturating_mul(u64::from(row_bytes)))
+            .fold(0u64, u64::saturating_add);
+        let expected = (kv_at as u64).saturating_add(kv_len).saturating_add(8);
         if found < expected {
             return Err(truncated(expected));
         }
@@ -439,6 +453,7 @@ impl Session {
         let saved = Shape {
             ctx,
             kv_type,
+            row_bytes,
             n_layer,
             n_head_kv,
             head_dim,
@@ -456,14 +471,17 @@ impl Session {
                 "token id {bad} is outside the vocabulary of {n_vocab}"
             )));
         }
-        Ok(((kv_at, n as usize, n_exact as usize), data_at..kv_at))
+        Ok((
+            (kv_at, n as usize, n_exact as usize, last_run as usize),
+            data_at..kv_at,
+        ))
     }
 
     /// Writes a checked state into the session.
     fn restore(
         &mut self,
         bytes: &[u8],
-        (kv_at, n, n_exact): (usize, usize, usize),
+        (kv_at, n, n_exact, last_run): (usize, usize, usize, usize),
         shape: &Shape,
     ) -> Result<()> {
         let tokens_at = FIXED_HEADER + 4 * shape.layer_rows.len();
@@ -485,15 +503,22 @@ impl Session {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         );
         self.n_exact = n_exact;
-        if let Some(&last) = self.tokens.last() {
-            // The logits were not saved: run the last token again (one decode step).
+        if last_run > 0 {
+            // The logits were not saved: the last run goes again, as one chunk of its size
+            // (the rows before it are the saved ones), which gives its logits bit for bit.
+            let again: Vec<u32> = bytes[tokens_at + 4 * (n - last_run)..tokens_at + 4 * n]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
             let result = self
-                .truncate(n - 1)
-                .and_then(|()| self.advance(&[last]))
-                .map(|()| self.n_exact = n_exact);
-            if let Err(e) = result {
-                self.reset();
-                return Err(e);
+                .truncate(n - last_run)
+                .and_then(|()| self.advance_chunked(&again, "prompt", Some(last_run == 1)));
+            match result {
+                Ok(()) => self.n_exact = n_exact,
+                Err(e) => {
+                    self.reset();
+                    return Err(e);
+                }
             }
         }
         Ok(())
@@ -546,6 +571,11 @@ fn shape_matches(saved: &Shape, session: &Shape) -> std::result::Result<(), Stat
         "KV type",
         kv_type_name(saved.kv_type),
         kv_type_name(session.kv_type),
+    )?;
+    diff(
+        "KV row bytes",
+        saved.row_bytes.to_string(),
+        session.row_bytes.to_string(),
     )?;
     diff(
         "layer rows (ubatch)",
