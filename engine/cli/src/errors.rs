@@ -84,7 +84,10 @@ pub fn clap_error_line(e: &clap::Error) -> String {
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .filter(|a| {
-            ["tokenize", "inspect", "plan", "bench", "embed", "serve"].contains(&a.as_str())
+            [
+                "tokenize", "inspect", "plan", "bench", "embed", "chat", "serve",
+            ]
+            .contains(&a.as_str())
         });
     match sub {
         Some(sub) => format!("{line} (see edge-run {sub} --help)"),

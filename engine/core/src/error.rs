@@ -280,6 +280,14 @@ pub enum EngineError {
         /// The position of the token they were computed for.
         position: usize,
     },
+    /// A saved session state cannot be loaded into this session (another model or session
+    /// shape, a truncated or damaged file); the session is unchanged.
+    State {
+        /// The state file.
+        path: String,
+        /// What is wrong with it.
+        error: crate::session::StateError,
+    },
     /// An I/O error with the file it concerns.
     Io {
         /// File path.
@@ -308,6 +316,7 @@ impl std::error::Error for EngineError {
             EngineError::Tokenizer(e) => Some(e),
             EngineError::Budget(e) => Some(e.as_ref()),
             EngineError::Io { source, .. } => Some(source),
+            EngineError::State { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -405,6 +414,7 @@ impl EngineError {
                 "{what} at position {position} are not finite (NaN or infinite): the model's weights or hyper-parameters are broken; re-download or re-convert the file"
             ),
             EngineError::Io { path, source } => format!("{path}: {source}"),
+            EngineError::State { path, error } => format!("{path}: {error}"),
         }
     }
 }

@@ -1,0 +1,201 @@
+//! The prompt cache of a session: the tokens its KV cache holds, truncation to a prefix, and
+//! the reuse of the longest prefix a new prompt shares with them, so that a prompt repeating
+//! what the session already processed (a system prompt, the earlier turns of a chat) only
+//! costs its new tokens.
+
+use super::Session;
+use crate::error::{EngineError, Result};
+
+impl Session {
+    /// The tokens the KV cache holds, position by position (`n_past` of them). After a context
+    /// shift ([`Session::shift_context`]) they are the tokens that remain, in their new
+    /// positions.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// How many of the first [`Session::tokens`] [`Session::reuse_prefix`] may reuse: the
+    /// prefix whose keys and values are exactly what a fresh session processing those tokens
+    /// computes. That is all of them, except after a context shift: the keys after the kept
+    /// positions were re-rotated and computed while the dropped tokens were in view, so only
+    /// the kept ones remain exact.
+    pub fn n_reusable(&self) -> usize {
+        self.n_exact.min(self.tokens.len())
+    }
+
+    /// Keeps only the first `n` positions of the context (the later ones are forgotten; their
+    /// rows are overwritten by the next tokens). The logits of the last run are no longer
+    /// readable: process at least one token before sampling.
+    ///
+    /// Errors: `n` above [`Session::n_past`], or (on models with sliding-window layers) a cut
+    /// so deep that the ring rows of the window before position `n` were already overwritten by
+    /// later positions ([`EngineError::Unsupported`]; [`Session::reset`] always works).
+    pub fn truncate(&mut self, n: usize) -> Result<()> {
+        let n_past = self.n_past();
+        if n > n_past {
+            return Err(EngineError::InvalidArgument(format!(
+                "cannot truncate the context to {n} positions: it holds {n_past}"
+            )));
+        }
+        if n == n_past {
+            return Ok(());
+        }
+        if !self.can_truncate(n) {
+            return Err(EngineError::Unsupported(
+                format!(
+                    "cannot truncate the context from {n_past} to {n} positions: the sliding-window \
+                     layers' ring rows before position {n} were overwritten by later positions; \
+                     reset the session and process the prompt again"
+                )
+                .into(),
+            ));
+        }
+        self.tokens.truncate(n);
+        self.n_exact = self.n_exact.min(n);
+        self.has_logits = false;
+        self.last_run = 0;
+        Ok(())
+    }
+
+    /// Whether the rows of the positions a token at `n` still sees are intact in every
+    /// sliding-window layer: a ring of `rows` rows keeps position p until position p + rows is
+    /// written, and the token at n sees back to n + 1 - window.
+    fn can_truncate(&self, n: usize) -> bool {
+        let p = &self.model.params;
+        let n_past = self.n_past();
+        (0..p.n_layer).all(|l| match p.layer_window(l) {
+            None => true,
+            Some(window) => {
+                let rows = self.ctx.min(window.saturating_add(self.ubatch));
+                rows == self.ctx || n_past - n + window <= rows
+            }
+        })
+    }
+
+    /// Prepares the session for `prompt`, the whole context wanted (e.g. a conversation
+    /// rendered from its start): keeps the longest prefix of [`Session::tokens`] that
+    /// `prompt` starts with (at most [`Session::n_reusable`] tokens, and never the whole
+    /// prompt: its last token always runs again, for its logits), drops the rest, and returns
+    /// how many tokens were kept. The caller then processes `prompt[kept..]` with
+    /// [`Session::prefill_rest`]; [`Session::generate_cached`] does all this. When the kept
+    /// rows were computed from a prompt (not generated one token at a time), the logits are
+    /// those of a fresh session processing `prompt`, bit for bit; rows of generated tokens come
+    /// from the one-token graph, whose rounding differs slightly from the prompt graph's, so
+    /// reusing them (as llama.cpp's server does) gives logits that may differ in their last
+    /// bits from a fresh session's.
+    ///
+    /// Where the prefix cannot be cut there (a sliding-window model whose ring rows were
+    /// overwritten), the session is reset and 0 returned. Allocates nothing.
+    pub fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
+        let limit = self.n_reusable().min(prompt.len().saturating_sub(1));
+        let mut common = self.tokens[..limit]
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // A one-token run takes the decode graph, whose rounding differs from the prompt
+        // graph's; runs of several tokens give the same bits however they are split. So the
+        // rest is re-run in chunks of two or more, plus a last single token exactly where a
+        // fresh session's last chunk is one token: a few more tokens run again at most.
+        while common > 0 && !rerun_matches_fresh(prompt.len() - common, prompt.len(), self.ubatch) {
+            common -= 1;
+        }
+        if self.truncate(common).is_err() {
+            self.reset();
+            return 0;
+        }
+        common
+    }
+}
+
+impl Session {
+    /// Processes `rest`, the tail of a prompt of `prompt_len` tokens whose head
+    /// [`Session::reuse_prefix`] kept, in the chunks that give a fresh session's bits (see
+    /// there), and returns the logits of its last token.
+    pub fn prefill_rest(&mut self, rest: &[u32], prompt_len: usize) -> Result<&[f32]> {
+        let final_single = final_chunk_is_single(prompt_len, self.ubatch);
+        self.advance_chunked(rest, "prompt", Some(final_single))?;
+        self.try_logits()
+    }
+}
+
+/// Whether a fresh session's last chunk of a prompt of `len` tokens is a single token (run by
+/// the decode graph).
+fn final_chunk_is_single(len: usize, ubatch: usize) -> bool {
+    ubatch == 1 || len % ubatch == 1
+}
+
+/// Whether re-running the last `rest` tokens of a prompt of `len` can give a fresh session's
+/// bits: every chunk but a fresh session's single last token must have two or more tokens.
+fn rerun_matches_fresh(rest: usize, len: usize, ubatch: usize) -> bool {
+    if ubatch == 1 {
+        return true;
+    }
+    let body = rest - usize::from(final_chunk_is_single(len, ubatch));
+    match body {
+        0 => true,
+        1 => false,
+        _ => ubatch > 2 || body % 2 == 0,
+    }
+}
+
+/// The next chunk of `rest` tokens: whole ubatches, never a single token (a remainder of one
+/// is balanced as ubatch - 1 and 2), except the last token alone when `final_single`.
+pub(super) fn exact_chunk(rest: usize, final_single: bool, ubatch: usize) -> usize {
+    if ubatch <= 2 {
+        return rest.min(ubatch);
+    }
+    let body = rest - usize::from(final_single && rest > 0);
+    if body == 0 {
+        1
+    } else if body <= ubatch {
+        body
+    } else if body - ubatch == 1 {
+        ubatch - 1
+    } else {
+        ubatch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunks of `rest` tokens, as the session runs them.
+    fn chunks(rest: usize, len: usize, ubatch: usize) -> Vec<usize> {
+        let fs = final_chunk_is_single(len, ubatch);
+        let mut out = Vec::new();
+        let mut left = rest;
+        while left > 0 {
+            let n = exact_chunk(left, fs, ubatch);
+            out.push(n);
+            left -= n;
+        }
+        out
+    }
+
+    #[test]
+    fn reruns_have_no_single_token_chunk_but_a_fresh_sessions() {
+        for ubatch in 1..=9 {
+            for len in 1..=40 {
+                let fs = final_chunk_is_single(len, ubatch);
+                for rest in 1..=len {
+                    if !rerun_matches_fresh(rest, len, ubatch) {
+                        continue;
+                    }
+                    let c = chunks(rest, len, ubatch);
+                    assert_eq!(c.iter().sum::<usize>(), rest);
+                    assert!(c.iter().all(|&n| n >= 1 && n <= ubatch), "{c:?}");
+                    if ubatch > 1 {
+                        let (last, body) = c.split_last().unwrap();
+                        assert!(body.iter().all(|&n| n >= 2), "{ubatch} {len} {rest}: {c:?}");
+                        assert_eq!(*last == 1, fs, "{ubatch} {len} {rest}: {c:?}");
+                    }
+                }
+                // Re-running the whole prompt always works, and so does a rest of at most 3.
+                assert!(rerun_matches_fresh(len, len, ubatch) || ubatch == 2);
+                assert!((1..=3.min(len)).any(|r| rerun_matches_fresh(r, len, ubatch)));
+            }
+        }
+    }
+}
