@@ -362,6 +362,10 @@ pub struct ServeArgs {
     /// Serve GET /metrics (Prometheus text format).
     #[arg(long = "metrics")]
     pub metrics: bool,
+    /// Save each slot's cached prompt (tokens and KV rows) in DIR on shutdown, as
+    /// slot-N.state, and restore it at start-up.
+    #[arg(long = "state-dir", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The most `serve --slots` takes (each slot is a session and a thread).

@@ -313,14 +313,6 @@ fn open_stream(addr: SocketAddr, body: &Value, n: usize) -> TcpStream {
     s
 }
 
-fn metric(srv: &Server, name: &str) -> f64 {
-    let m = srv.get("/metrics").body;
-    m.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {m}"))
-}
-
 #[test]
 fn busy_slots_give_503_and_a_client_that_leaves_frees_its_slot() {
     let srv = Server::start(&[

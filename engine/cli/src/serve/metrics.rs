@@ -87,6 +87,9 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     /// Prompt tokens processed.
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens whose KV rows came from a slot's cache (at most; the engine may re-run
+    /// a few of them).
+    pub cached_tokens: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,
     /// Request arrival to first generated token.
@@ -108,6 +111,7 @@ impl Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             token_latency: Histogram::new(TOKEN_BUCKETS),
@@ -152,6 +156,12 @@ impl Metrics {
             "edge_run_prompt_tokens_total",
             "Prompt tokens processed.",
             &self.prompt_tokens,
+        );
+        counter(
+            &mut out,
+            "edge_run_prompt_tokens_cached_total",
+            "Prompt tokens found in a slot's cache (the prompt cache), not processed again.",
+            &self.cached_tokens,
         );
         counter(
             &mut out,

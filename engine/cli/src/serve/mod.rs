@@ -74,8 +74,13 @@ pub fn serve(a: ServeArgs) -> CliResult<u8> {
     let metrics = Arc::new(Metrics::new(plan));
     let (sched, embed, threads) = match slots {
         Slots::Generate(sessions) => {
-            let (s, t) = worker::Scheduler::start(sessions, a.queue, Arc::clone(&metrics))
-                .map_err(|e| format!("cannot start the slot threads: {e}"))?;
+            let (s, t) = worker::Scheduler::start(
+                sessions,
+                a.queue,
+                Arc::clone(&metrics),
+                a.state_dir.clone(),
+            )
+            .map_err(|e| format!("cannot start the slot threads: {e}"))?;
             (Some(s), None, t)
         }
         Slots::Embed(embedders) => {
@@ -246,7 +251,43 @@ fn plan_sessions(
         let plan = crate::session::plan_session(model, &cfg, None, "set up")?;
         sessions.push(open(model, plan, cfg.device)?);
     }
+    if let Some(dir) = &a.state_dir {
+        restore(dir, &mut sessions)?;
+    }
     Ok((Slots::Generate(sessions), planned))
+}
+
+/// `--state-dir`: restores each slot's saved state. A file that cannot be used (another model,
+/// another --ctx, damaged) is reported and its slot starts empty: a cache is never a reason not
+/// to serve.
+fn restore(dir: &Path, sessions: &mut [Session]) -> CliResult {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "--state-dir {}: cannot create the directory: {e}",
+            dir.display()
+        )
+    })?;
+    for (slot, session) in sessions.iter_mut().enumerate() {
+        let path = worker::state_path(dir, slot);
+        if !path.exists() {
+            continue;
+        }
+        match session.load_state(&path) {
+            Ok(()) => eprintln!(
+                "edge-run serve: slot {slot}: restored {} tokens from {}",
+                session.tokens().len(),
+                path.display()
+            ),
+            Err(e) => {
+                session.reset();
+                eprintln!(
+                    "edge-run serve: warning: slot {slot}: {}; the slot starts empty (the file is replaced at shutdown)",
+                    hint(&e)
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn open(

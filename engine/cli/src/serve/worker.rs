@@ -1,6 +1,8 @@
 //! The slots: one engine thread per slot, each owning a [`Session`] planned at start-up, and
-//! the scheduler that hands requests to them. A request goes to an idle slot at once, or waits
-//! in a bounded queue; beyond it the caller answers 503. Generation runs here, never on the
+//! the scheduler that hands requests to them. A request goes at once to the idle slot whose
+//! cached tokens share the longest prefix with its prompt (the prompt cache: that prefix's KV
+//! rows are reused, only the rest is processed), or waits in a bounded queue; beyond it the
+//! caller answers 503. Generation runs here, never on the
 //! async runtime: tokens go back over a channel, and a client that goes away (its receiver
 //! dropped, or its cancel flag raised) stops its generation after the current token, freeing
 //! the slot.
@@ -9,6 +11,7 @@
 //! session's decode step itself allocates nothing.
 
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
@@ -84,6 +87,8 @@ pub struct Busy;
 
 struct State {
     idle: Vec<bool>,
+    /// The tokens each slot's KV cache holds (reusable ones), for choosing a slot.
+    cached: Vec<Vec<u32>>,
     pending: VecDeque<Job>,
     /// The cancel flag of each slot's running job (raised all at once on shutdown).
     running: Vec<Option<Arc<AtomicBool>>>,
@@ -100,12 +105,20 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts one worker thread per session; returns the scheduler and the threads.
+    /// With `state_dir`, each worker saves its session's state there when the server stops
+    /// ([`state_path`]).
     pub fn start(
         sessions: Vec<Session>,
         queue_cap: usize,
         metrics: Arc<Metrics>,
+        state_dir: Option<PathBuf>,
     ) -> std::io::Result<(Arc<Scheduler>, Vec<std::thread::JoinHandle<()>>)> {
         let n = sessions.len();
+        // Restored sessions already hold tokens: the first requests may reuse them.
+        let cached = sessions
+            .iter()
+            .map(|s| s.tokens()[..s.n_reusable()].to_vec())
+            .collect();
         let mut inboxes = Vec::with_capacity(n);
         let mut receivers = Vec::with_capacity(n);
         for _ in 0..n {
@@ -116,6 +129,7 @@ impl Scheduler {
         let sched = Arc::new(Scheduler {
             state: Mutex::new(State {
                 idle: vec![true; n],
+                cached,
                 pending: VecDeque::with_capacity(queue_cap),
                 running: vec![None; n],
                 shutting_down: false,
@@ -127,10 +141,11 @@ impl Scheduler {
         let mut threads = Vec::with_capacity(n);
         for (slot, (session, rx)) in sessions.into_iter().zip(receivers).enumerate() {
             let sched = Arc::clone(&sched);
+            let save_to = state_dir.as_deref().map(|d| state_path(d, slot));
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("slot-{slot}"))
-                    .spawn(move || sched.work(slot, session, rx))?,
+                    .spawn(move || sched.work(slot, session, rx, save_to))?,
             );
         }
         Ok((sched, threads))
@@ -149,7 +164,16 @@ impl Scheduler {
         if st.shutting_down {
             return Err(Busy);
         }
-        if let Some(slot) = st.idle.iter().position(|&idle| idle) {
+        // The idle slot sharing the longest prefix with the prompt; on a tie the one holding
+        // the fewest tokens, so that another prompt's cache survives where it can.
+        let best = (0..st.idle.len()).filter(|&s| st.idle[s]).max_by_key(|&s| {
+            (
+                common_prefix(&st.cached[s], &job.tokens),
+                std::cmp::Reverse(st.cached[s].len()),
+                std::cmp::Reverse(s),
+            )
+        });
+        if let Some(slot) = best {
             st.idle[slot] = false;
             st.running[slot] = Some(Arc::clone(&job.cancel));
             self.metrics.slots_busy.fetch_add(1, Ordering::Relaxed);
@@ -168,8 +192,10 @@ impl Scheduler {
 
     /// The next job for `slot` after it finished one: the oldest waiting, or none (the slot is
     /// then idle).
-    fn next_for(&self, slot: usize) -> Option<Job> {
+    fn next_for(&self, slot: usize, cached: &[u32]) -> Option<Job> {
         let mut st = self.lock();
+        st.cached[slot].clear();
+        st.cached[slot].extend_from_slice(cached);
         match st.pending.pop_front() {
             Some(job) => {
                 self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
@@ -204,7 +230,13 @@ impl Scheduler {
     }
 
     /// A worker: runs the jobs sent to `slot`, then those waiting, until the scheduler is gone.
-    fn work(self: Arc<Self>, slot: usize, mut session: Session, inbox: mpsc::Receiver<Job>) {
+    fn work(
+        self: Arc<Self>,
+        slot: usize,
+        mut session: Session,
+        inbox: mpsc::Receiver<Job>,
+        save_to: Option<PathBuf>,
+    ) {
         // Only a weak hold on the inbox side: the scheduler owns the senders, and the thread
         // ends when the server drops the scheduler (recv fails).
         let weak = Arc::downgrade(&self);
@@ -217,17 +249,50 @@ impl Scheduler {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     run_job(&mut session, job, &sched.metrics)
                 }));
-                if run.is_err() {
+                let last = run.unwrap_or_else(|_| {
                     // The panic hook printed the bug; the client gets an answer and the slot
                     // starts over from an empty context.
-                    let _ = events.blocking_send(Event::Error(ApiError::internal(
-                        "internal error while generating (a bug in edge-run; see the server log)",
-                    )));
                     session.reset();
+                    Some(Event::Error(ApiError::internal(
+                        "internal error while generating (a bug in edge-run; see the server log)",
+                    )))
+                });
+                let n = session.n_reusable();
+                next = sched.next_for(slot, &session.tokens()[..n]);
+                // The last event goes out once the slot is free again, so that a client's next
+                // request, sent as soon as this one is answered, finds it free.
+                if let Some(ev) = last {
+                    let _ = events.blocking_send(ev);
                 }
-                next = sched.next_for(slot);
             }
         }
+        if let Some(path) = save_to {
+            save_slot(&mut session, slot, &path);
+        }
+    }
+}
+
+/// Where `--state-dir` keeps slot `slot`'s state.
+pub fn state_path(dir: &Path, slot: usize) -> PathBuf {
+    dir.join(format!("slot-{slot}.state"))
+}
+
+fn save_slot(session: &mut Session, slot: usize, path: &Path) {
+    if session.tokens().is_empty() {
+        // Nothing cached: an older file would restore a prompt this slot no longer holds.
+        let _ = std::fs::remove_file(path);
+        return;
+    }
+    match session.save_state(path) {
+        Ok(()) => eprintln!(
+            "edge-run serve: slot {slot}: saved {} tokens to {}",
+            session.tokens().len(),
+            path.display()
+        ),
+        Err(e) => eprintln!(
+            "edge-run serve: warning: slot {slot}: cannot save its state: {}",
+            crate::errors::hint(&e)
+        ),
     }
 }
 
@@ -286,43 +351,55 @@ impl<'a> StopMatcher<'a> {
     }
 }
 
-/// Runs one job on `session` from an empty context.
-fn run_job(session: &mut Session, job: Job, metrics: &Metrics) {
+/// How many first tokens `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Runs one job on `session`, reusing the prefix of the prompt its KV cache already holds;
+/// returns the last event to send (the end, or an error), if the client is still there.
+fn run_job(session: &mut Session, job: Job, metrics: &Metrics) -> Option<Event> {
     if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
-        return;
+        return None;
     }
-    session.reset();
     session.set_interrupt(Arc::clone(&job.cancel));
     let send = |e: Event| job.events.blocking_send(e).is_ok();
     let prompt_tokens = job.tokens.len();
-    let mut gen = match session.generator(&job.tokens, &job.options) {
+    // What the cache can give (reuse_prefix may keep a few tokens less, and never the last).
+    let reusable = common_prefix(&session.tokens()[..session.n_reusable()], &job.tokens)
+        .min(prompt_tokens - 1);
+    let mut gen = match session.generator_cached(&job.tokens, &job.options) {
         Ok(gen) => gen,
         Err(EngineError::Interrupted { .. }) => {
             metrics.disconnects.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
         Err(e) => {
-            send(Event::Error(ApiError::internal(format!(
+            session.reset();
+            return Some(Event::Error(ApiError::internal(format!(
                 "generation failed: {}",
                 crate::errors::hint(&e)
             ))));
-            return;
         }
     };
     metrics
         .prompt_tokens
         .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+    metrics
+        .cached_tokens
+        .fetch_add(reusable as u64, Ordering::Relaxed);
     let mut matcher = StopMatcher::new(&job.stop);
     let mut last = None::<Instant>;
     let mut hit_stop = false;
     let mut gone = false;
     while let Some(token) = gen.next() {
         if let Err(e) = token {
-            send(Event::Error(ApiError::internal(format!(
+            drop(gen);
+            session.reset();
+            return Some(Event::Error(ApiError::internal(format!(
                 "generation failed: {}",
                 crate::errors::hint(&e)
             ))));
-            return;
         }
         let now = Instant::now();
         match last {
@@ -348,7 +425,7 @@ fn run_job(session: &mut Session, job: Job, metrics: &Metrics) {
     }
     if gone {
         metrics.disconnects.fetch_add(1, Ordering::Relaxed);
-        return;
+        return None;
     }
     if !hit_stop {
         // Held-back text and the bytes of a character the last token left incomplete.
@@ -367,11 +444,11 @@ fn run_job(session: &mut Session, job: Job, metrics: &Metrics) {
         StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
         StopReason::EndOfGeneration(_) | StopReason::Stopped => FinishReason::Stop,
     };
-    send(Event::Done(Finish {
+    Some(Event::Done(Finish {
         reason,
         prompt_tokens,
         completion_tokens: done.n_tokens,
-    }));
+    }))
 }
 
 #[cfg(test)]

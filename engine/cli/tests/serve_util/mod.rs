@@ -237,3 +237,12 @@ pub fn cli_chat(prompt: &str, n: usize) -> String {
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A number from the server's /metrics.
+pub fn metric(srv: &Server, name: &str) -> f64 {
+    let m = srv.get("/metrics").body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {m}"))
+}
