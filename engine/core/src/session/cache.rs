@@ -135,7 +135,7 @@ fn rerun_matches_fresh(rest: usize, len: usize, ubatch: usize) -> bool {
     match body {
         0 => true,
         1 => false,
-        _ => ubatch > 2 || body % 2 == 0,
+        _ => ubatch > 2 || body.is_multiple_of(2),
     }
 }
 

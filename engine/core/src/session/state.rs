@@ -367,19 +367,14 @@ impl Session {
             .read_to_end(&mut bytes)
             .map_err(io)?;
         let parsed = self.parse_state(&bytes, &shape).map_err(err)?;
-        let data = bytes[parsed.1.clone()].to_vec();
-        self.restore(&bytes, parsed.0, &shape)?;
+        let data = bytes[parsed.data.clone()].to_vec();
+        self.restore(&bytes, &parsed, &shape)?;
         Ok(data)
     }
 
     /// Checks a state file's bytes against this session; returns where the KV rows start, the
     /// token count and the exact prefix, and where the caller's data lies.
-    fn parse_state(
-        &self,
-        bytes: &[u8],
-        shape: &Shape,
-    ) -> std::result::Result<((usize, usize, usize, usize), std::ops::Range<usize>), StateError>
-    {
+    fn parse_state(&self, bytes: &[u8], shape: &Shape) -> std::result::Result<Parsed, StateError> {
         let found = bytes.len() as u64;
         let mut r = Reader(bytes);
         if r.take(8) != Some(&STATE_MAGIC[..]) {
@@ -471,19 +466,24 @@ impl Session {
                 "token id {bad} is outside the vocabulary of {n_vocab}"
             )));
         }
-        Ok((
-            (kv_at, n as usize, n_exact as usize, last_run as usize),
-            data_at..kv_at,
-        ))
+        Ok(Parsed {
+            kv_at,
+            n: n as usize,
+            n_exact: n_exact as usize,
+            last_run: last_run as usize,
+            data: data_at..kv_at,
+        })
     }
 
     /// Writes a checked state into the session.
-    fn restore(
-        &mut self,
-        bytes: &[u8],
-        (kv_at, n, n_exact, last_run): (usize, usize, usize, usize),
-        shape: &Shape,
-    ) -> Result<()> {
+    fn restore(&mut self, bytes: &[u8], parsed: &Parsed, shape: &Shape) -> Result<()> {
+        let Parsed {
+            kv_at,
+            n,
+            n_exact,
+            last_run,
+            ..
+        } = *parsed;
         let tokens_at = FIXED_HEADER + 4 * shape.layer_rows.len();
         self.reset();
         let spans = self.kv_spans(&shape.layer_rows, n)?;
@@ -523,6 +523,20 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Where a checked state file's parts are.
+struct Parsed {
+    /// Byte offset of the KV rows.
+    kv_at: usize,
+    /// Tokens.
+    n: usize,
+    /// Tokens whose rows are exact ([`Session::n_reusable`]).
+    n_exact: usize,
+    /// Tokens of the last run, to run again for the logits (0: none).
+    last_run: usize,
+    /// The caller's data.
+    data: std::ops::Range<usize>,
 }
 
 /// Checks the trailing checksum of a state file's bytes.
