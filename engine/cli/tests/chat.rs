@@ -270,3 +270,61 @@ fn prompt_cache_keeps_llamas_output_and_reuses_the_prompt() {
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(out.stderr.contains("--prompt-cache FILE"), "{out:?}");
 }
+
+#[test]
+fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
+    use std::io::Read;
+    let m = model();
+    let mut child = Command::new(BIN)
+        .args([
+            "chat",
+            s(&m),
+            "--temp",
+            "0",
+            "-n",
+            "400",
+            "-t",
+            "1",
+            "-c",
+            "1024",
+        ])
+        .args(["--system", "You write very long stories.", "-v"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdin
+        .write_all(b"Tell me a long story about a robot.\n")
+        .unwrap();
+    // Wait for the answer to start streaming, then Ctrl-C.
+    let mut first = [0u8; 16];
+    stdout.read_exact(&mut first).unwrap();
+    // SAFETY: sends SIGINT to the child we spawned (its pid is live until we wait on it).
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    stdin.write_all(b"/reset\nHi\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("[stopped]"), "{stderr}");
+    assert!(stderr.contains("[conversation reset]"), "{stderr}");
+    // The stopped answer was cut short of its 400 tokens, and "Hi" got an answer after it
+    // (the -v line of each turn).
+    let answers: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| l.split("; answer: ").nth(1))
+        .filter_map(|r| r.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(answers.len(), 2, "{stderr}");
+    assert!(
+        answers[0] < 200,
+        "the answer was not stopped: {answers:?} {rest:?}"
+    );
+    assert!(answers[1] > 0, "{stderr}");
+}
