@@ -37,6 +37,7 @@ use edge_engine::model::Model;
 use edge_engine::sampling::SamplerConfig;
 use edge_engine::session::{Session, SessionConfig};
 
+pub use cache::*;
 use failure::{guard, guard_value, Failure, LAST_ERROR};
 use ptr::{copy_out, model_ref, session_lock, token_slice, utf8, write_opt};
 use types::edgerun_status::*;

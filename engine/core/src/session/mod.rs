@@ -3,8 +3,9 @@
 //! position in the conversation. Generation on a session is [`crate::generate`].
 
 mod cache;
+mod chunks;
 pub mod plan;
-mod state;
+pub mod state;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,11 +14,11 @@ use edge_kernels::Kernels;
 
 use crate::backend::{self, Backend};
 use crate::device::Device;
+pub use crate::error::StateError;
 use crate::error::{EngineError, Result};
 use crate::model::Model;
 use crate::plan::{MemoryReport, PlannedGraph};
 pub use plan::{SessionConfig, SessionPlan, DEFAULT_CTX, DEFAULT_UBATCH, MAX_THREADS};
-pub use state::{StateError, MAX_STATE_DATA, STATE_FORMAT_VERSION, STATE_MAGIC};
 
 /// What a session does when a run needs more positions than its context holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -283,7 +284,7 @@ impl Session {
     }
 
     /// [`Session::advance_as`]; with `exact` = `Some(final_single)` the chunks are sized by
-    /// [`cache::exact_chunk`] (see [`Session::reuse_prefix`]) instead of whole ubatches.
+    /// [`chunks::exact_chunk`] (see [`Session::reuse_prefix`]) instead of whole ubatches.
     fn advance_chunked(
         &mut self,
         tokens: &[u32],
@@ -324,7 +325,7 @@ impl Session {
             let rest = tokens.len() - done;
             let n = match exact {
                 None => rest.min(ubatch),
-                Some(final_single) => cache::exact_chunk(rest, final_single, ubatch),
+                Some(final_single) => chunks::exact_chunk(rest, final_single, ubatch),
             };
             let chunk = &tokens[done..done + n];
             self.make_room(chunk.len(), what)?;

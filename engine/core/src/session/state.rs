@@ -13,7 +13,7 @@ use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 
 use super::Session;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, StateError};
 use crate::kv::KvType;
 
 /// The first 8 bytes of a state file.
@@ -24,90 +24,6 @@ pub const STATE_FORMAT_VERSION: u32 = 1;
 
 /// The most bytes of caller data a state file holds ([`Session::save_state_with_data`]).
 pub const MAX_STATE_DATA: usize = 16 << 20;
-
-/// Why a state file cannot be loaded into this session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StateError {
-    /// The file does not start with [`STATE_MAGIC`]: it is no saved session state.
-    NotAState,
-    /// The file was written in another format version.
-    Version {
-        /// The file's version.
-        found: u32,
-        /// The version this build reads.
-        supported: u32,
-    },
-    /// The file is shorter than its header says (an interrupted copy or a full disk).
-    Truncated {
-        /// Bytes the header implies.
-        expected: u64,
-        /// Bytes the file has.
-        found: u64,
-    },
-    /// The file's checksum does not match its bytes, or a field holds an impossible value.
-    Damaged(String),
-    /// The state was saved with another model file.
-    OtherModel {
-        /// The size of the model file the state was saved with.
-        saved_size: u64,
-        /// The size of this session's model file.
-        model_size: u64,
-        /// Whether the header hashes differ too (same size, other metadata or tensors).
-        same_size: bool,
-    },
-    /// The state was saved by a session of another shape (context, KV type, ...).
-    Shape {
-        /// What differs: "context", "KV type", "layers", "KV heads", "head size",
-        /// "layer rows (ubatch)".
-        what: &'static str,
-        /// The file's value.
-        saved: String,
-        /// This session's value.
-        session: String,
-    },
-}
-
-impl std::fmt::Display for StateError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StateError::NotAState => {
-                f.write_str("not an edge-run session state file (no EDGERUNS magic)")
-            }
-            StateError::Version { found, supported } => write!(
-                f,
-                "the state file has format version {found}, this build reads version {supported}: save the state again with this build"
-            ),
-            StateError::Truncated { expected, found } => write!(
-                f,
-                "the state file is truncated ({found} of {expected} bytes): save the state again"
-            ),
-            StateError::Damaged(what) => {
-                write!(f, "the state file is damaged ({what}): save the state again")
-            }
-            StateError::OtherModel {
-                saved_size,
-                model_size,
-                same_size,
-            } => {
-                if *same_size {
-                    write!(f, "the state was saved with another model file (same size, {saved_size} bytes, but another header): load it with the model it was saved with")
-                } else {
-                    write!(f, "the state was saved with another model file ({saved_size} bytes; this model has {model_size}): load it with the model it was saved with")
-                }
-            }
-            StateError::Shape {
-                what,
-                saved,
-                session,
-            } => write!(
-                f,
-                "the state was saved by a session with {what} {saved}, this session has {session}: open the session with the same settings"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for StateError {}
 
 /// FNV-1a, 64 bits: a checksum that catches flipped and shifted bytes, no cryptography.
 #[derive(Clone, Copy)]
@@ -367,19 +283,14 @@ impl Session {
             .read_to_end(&mut bytes)
             .map_err(io)?;
         let parsed = self.parse_state(&bytes, &shape).map_err(err)?;
-        let data = bytes[parsed.1.clone()].to_vec();
-        self.restore(&bytes, parsed.0, &shape)?;
+        let data = bytes[parsed.data.clone()].to_vec();
+        self.restore(&bytes, &parsed, &shape)?;
         Ok(data)
     }
 
     /// Checks a state file's bytes against this session; returns where the KV rows start, the
     /// token count and the exact prefix, and where the caller's data lies.
-    fn parse_state(
-        &self,
-        bytes: &[u8],
-        shape: &Shape,
-    ) -> std::result::Result<((usize, usize, usize, usize), std::ops::Range<usize>), StateError>
-    {
+    fn parse_state(&self, bytes: &[u8], shape: &Shape) -> std::result::Result<Parsed, StateError> {
         let found = bytes.len() as u64;
         let mut r = Reader(bytes);
         if r.take(8) != Some(&STATE_MAGIC[..]) {
@@ -471,19 +382,24 @@ impl Session {
                 "token id {bad} is outside the vocabulary of {n_vocab}"
             )));
         }
-        Ok((
-            (kv_at, n as usize, n_exact as usize, last_run as usize),
-            data_at..kv_at,
-        ))
+        Ok(Parsed {
+            kv_at,
+            n: n as usize,
+            n_exact: n_exact as usize,
+            last_run: last_run as usize,
+            data: data_at..kv_at,
+        })
     }
 
     /// Writes a checked state into the session.
-    fn restore(
-        &mut self,
-        bytes: &[u8],
-        (kv_at, n, n_exact, last_run): (usize, usize, usize, usize),
-        shape: &Shape,
-    ) -> Result<()> {
+    fn restore(&mut self, bytes: &[u8], parsed: &Parsed, shape: &Shape) -> Result<()> {
+        let Parsed {
+            kv_at,
+            n,
+            n_exact,
+            last_run,
+            ..
+        } = *parsed;
         let tokens_at = FIXED_HEADER + 4 * shape.layer_rows.len();
         self.reset();
         let spans = self.kv_spans(&shape.layer_rows, n)?;
@@ -523,6 +439,20 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Where a checked state file's parts are.
+struct Parsed {
+    /// Byte offset of the KV rows.
+    kv_at: usize,
+    /// Tokens.
+    n: usize,
+    /// Tokens whose rows are exact ([`Session::n_reusable`]).
+    n_exact: usize,
+    /// Tokens of the last run, to run again for the logits (0: none).
+    last_run: usize,
+    /// The caller's data.
+    data: std::ops::Range<usize>,
 }
 
 /// Checks the trailing checksum of a state file's bytes.
