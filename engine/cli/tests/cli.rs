@@ -255,7 +255,9 @@ fn help_and_readme_list_the_same_flags() {
         assert!(help.contains(short), "--help lacks {short}");
         assert!(usage.contains(short), "README Usage lacks {short}");
     }
-    for sub in ["tokenize", "inspect", "plan", "bench", "embed", "chat", "serve"] {
+    for sub in [
+        "tokenize", "inspect", "plan", "bench", "embed", "chat", "serve",
+    ] {
         assert!(
             help.contains(sub) && usage.contains(sub),
             "{sub} undocumented"
