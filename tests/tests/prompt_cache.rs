@@ -112,7 +112,9 @@ fn reused_prefix_gives_the_logits_of_a_fresh_session_bit_for_bit() {
             // Something else after the prefix, which the reuse must drop.
             s.step(model.tokenizer.encode(" banana", false, false).unwrap()[0])
                 .unwrap();
+            let predicted = s.reusable_prefix(&long);
             let kept = s.reuse_prefix(&long);
+            assert_eq!(predicted, kept);
             let most = cut.min(long.len() - 1);
             assert!(kept <= most && kept + 3 >= most, "cut {cut}: kept {kept}");
             assert_eq!(s.tokens(), &long[..kept]);

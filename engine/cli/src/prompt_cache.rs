@@ -26,12 +26,14 @@ pub fn load(session: &mut Session, path: &Path, read_only: bool) -> CliResult {
         );
         return Ok(());
     }
+    let t = std::time::Instant::now();
     match session.load_state(path) {
         Ok(()) => {
             log::info!(
-                "prompt cache {}: {} tokens loaded",
+                "prompt cache {}: {} tokens loaded in {:.0} ms",
                 path.display(),
-                session.n_past()
+                session.n_past(),
+                t.elapsed().as_secs_f64() * 1e3
             );
             Ok(())
         }
@@ -50,13 +52,15 @@ pub fn load(session: &mut Session, path: &Path, read_only: bool) -> CliResult {
 
 /// Saves the session's state to `path`.
 pub fn save(session: &mut Session, path: &Path) -> CliResult {
+    let t = std::time::Instant::now();
     session
         .save_state(path)
         .map_err(|e| format!("--prompt-cache: cannot save the state: {}", hint(&e)))?;
     log::info!(
-        "prompt cache {}: {} tokens saved",
+        "prompt cache {}: {} tokens saved in {:.0} ms",
         path.display(),
-        session.n_past()
+        session.n_past(),
+        t.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
 }

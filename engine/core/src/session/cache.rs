@@ -73,6 +73,25 @@ impl Session {
         })
     }
 
+    /// How many tokens of `prompt` [`Session::reuse_prefix`] would keep, without changing
+    /// anything: e.g. to send a request to the session (of several) that shares most of it.
+    pub fn reusable_prefix(&self, prompt: &[u32]) -> usize {
+        let limit = self.n_reusable().min(prompt.len().saturating_sub(1));
+        let mut common = self.tokens[..limit]
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // A one-token run takes the decode graph, whose rounding differs from the prompt
+        // graph's; runs of several tokens give the same bits however they are split. So the
+        // rest is re-run in chunks of two or more, plus a last single token exactly where a
+        // fresh session's last chunk is one token: a few more tokens run again at most.
+        while common > 0 && !rerun_matches_fresh(prompt.len() - common, prompt.len(), self.ubatch) {
+            common -= 1;
+        }
+        common
+    }
+
     /// Prepares the session for `prompt`, the whole context wanted (e.g. a conversation
     /// rendered from its start): keeps the longest prefix of [`Session::tokens`] that
     /// `prompt` starts with (at most [`Session::n_reusable`] tokens, and never the whole
@@ -88,19 +107,7 @@ impl Session {
     /// Where the prefix cannot be cut there (a sliding-window model whose ring rows were
     /// overwritten), the session is reset and 0 returned. Allocates nothing.
     pub fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
-        let limit = self.n_reusable().min(prompt.len().saturating_sub(1));
-        let mut common = self.tokens[..limit]
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        // A one-token run takes the decode graph, whose rounding differs from the prompt
-        // graph's; runs of several tokens give the same bits however they are split. So the
-        // rest is re-run in chunks of two or more, plus a last single token exactly where a
-        // fresh session's last chunk is one token: a few more tokens run again at most.
-        while common > 0 && !rerun_matches_fresh(prompt.len() - common, prompt.len(), self.ubatch) {
-            common -= 1;
-        }
+        let common = self.reusable_prefix(prompt);
         if self.truncate(common).is_err() {
             self.reset();
             return 0;
