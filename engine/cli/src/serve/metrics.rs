@@ -87,8 +87,7 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     /// Prompt tokens processed.
     pub prompt_tokens: AtomicU64,
-    /// Prompt tokens whose KV rows came from a slot's cache (at most; the engine may re-run
-    /// a few of them).
+    /// Prompt tokens whose KV rows came from a slot's cache.
     pub cached_tokens: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,

@@ -365,9 +365,8 @@ fn run_job(session: &mut Session, job: Job, metrics: &Metrics) -> Option<Event> 
     session.set_interrupt(Arc::clone(&job.cancel));
     let send = |e: Event| job.events.blocking_send(e).is_ok();
     let prompt_tokens = job.tokens.len();
-    // What the cache can give (reuse_prefix may keep a few tokens less, and never the last).
-    let reusable = common_prefix(&session.tokens()[..session.n_reusable()], &job.tokens)
-        .min(prompt_tokens - 1);
+    // The tokens the cache gives (what reuse_prefix keeps).
+    let reusable = session.reusable_prefix(&job.tokens);
     let mut gen = match session.generator_cached(&job.tokens, &job.options) {
         Ok(gen) => gen,
         Err(EngineError::Interrupted { .. }) => {
