@@ -45,7 +45,11 @@ fn a_repeated_system_prompt_is_reused_from_the_slot_cache() {
         &json!({"prompt": "1, 2, 3,", "max_tokens": 2}),
     );
     assert_eq!(r.status, 200);
-    let (second, _) = ask("Which rule is about shelf 7?", 1);
+    let (second, v) = ask("Which rule is about shelf 7?", 1);
+    let from_cache = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(from_cache + 20 >= n_prompt, "{v}");
     assert!(
         second.as_secs_f64() <= 0.2 * first.as_secs_f64(),
         "the second request took {second:?}, the first {first:?}"

@@ -61,6 +61,8 @@ pub struct Finish {
     pub reason: FinishReason,
     /// Prompt tokens.
     pub prompt_tokens: usize,
+    /// Of those, the tokens whose KV rows came from the slot's cache.
+    pub cached_tokens: usize,
     /// Generated tokens.
     pub completion_tokens: usize,
 }
@@ -446,6 +448,7 @@ fn run_job(session: &mut Session, job: Job, metrics: &Metrics) -> Option<Event> 
     Some(Event::Done(Finish {
         reason,
         prompt_tokens,
+        cached_tokens: reusable,
         completion_tokens: done.n_tokens,
     }))
 }
