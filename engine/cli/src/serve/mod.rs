@@ -323,7 +323,7 @@ fn plan_embedders(
     let d = plan.demand();
     let planned = PlannedMemory {
         slots: a.slots,
-        ctx: plan_max_tokens(&plan),
+        ctx: plan.max_tokens,
         weights: d.weights,
         kv: d.kv,
         arena: d.arena,
@@ -360,8 +360,4 @@ fn plan_embedders(
         );
     }
     Ok((Slots::Embed(embedders), planned))
-}
-
-fn plan_max_tokens(plan: &edge_engine::embed::EmbedPlan) -> usize {
-    plan.max_tokens
 }
