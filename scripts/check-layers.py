@@ -33,7 +33,8 @@ LIBRARY_CRATES = [
     "edge-targets",
     "edge-run-capi",
 ]
-FORBIDDEN_DEPS = ["clap", "env_logger", "signal-hook"]
+# The CLI's crates, and the server's HTTP stack (edge-run serve), stay out of the libraries.
+FORBIDDEN_DEPS = ["clap", "env_logger", "signal-hook", "tokio", "axum", "hyper", "tower"]
 
 
 def crates():

@@ -112,6 +112,63 @@ fn generation_api_allocates_nothing_per_token() {
     assert_eq!(n, 0, "{n} heap allocations in 40 generated tokens");
 }
 
+/// A second turn through the prompt cache: finding and cutting back to the shared prefix and
+/// the generation after it allocate nothing per token either (the session's token buffer is
+/// reserved for its whole context when it opens).
+#[test]
+fn cached_generation_allocates_nothing_per_token() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = Arc::new(Model::load(edge_tests::smollm2_path()).unwrap());
+    let cfg = SessionConfig {
+        ctx: Some(256),
+        threads: Some(2),
+        ..Default::default()
+    };
+    let mut session = Session::new(model.clone(), &cfg).unwrap();
+    let prompt = model
+        .tokenize(
+            "Once upon a time, there was a little robot who",
+            false,
+            true,
+        )
+        .unwrap();
+    let options = edge_engine::generate::GenerateOptions {
+        max_tokens: 30,
+        stop_at_eog: false,
+        ..Default::default()
+    };
+    session
+        .generate_cached(&prompt, &options, |_| std::ops::ControlFlow::Continue(()))
+        .unwrap();
+    let mut turn2 = session.tokens().to_vec();
+    turn2.extend(model.tokenize(" and then", false, true).unwrap());
+    ALLOCATIONS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    let kept = session.reuse_prefix(&turn2);
+    COUNTING.store(false, Ordering::SeqCst);
+    assert_eq!(
+        ALLOCATIONS.load(Ordering::SeqCst),
+        0,
+        "reuse_prefix allocated"
+    );
+    assert!(kept > prompt.len(), "kept {kept}");
+    let mut gen = session.generator_cached(&turn2, &options).unwrap();
+    for _ in 0..2 {
+        gen.next().unwrap().unwrap();
+    }
+    ALLOCATIONS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..20 {
+        gen.next().unwrap().unwrap();
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    let n = ALLOCATIONS.load(Ordering::SeqCst);
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations in 20 generated tokens after a cached prompt"
+    );
+}
+
 /// The ops of the other architectures (biases, q/k norms, fused projections, GeGLU,
 /// soft-capping, sliding-window ring buffers) allocate nothing per token either.
 #[test]

@@ -52,6 +52,10 @@ typedef enum edgerun_status {
   // The compute device failed or is missing (e.g. CUDA asked for on a build or machine
   // without it).
   EDGERUN_ERR_DEVICE = 9,
+  // A saved session state cannot be loaded: it is from another model or a session of
+  // another shape (context, KV type), or the file is truncated or damaged. The session is
+  // unchanged.
+  EDGERUN_ERR_STATE = 10,
 } edgerun_status;
 
 // Why `edgerun_generate` stopped.
@@ -329,6 +333,61 @@ enum edgerun_status edgerun_generate(struct edgerun_session *session,
                                      edgerun_token_callback callback,
                                      void *user_data,
                                      struct edgerun_generate_result *out_result);
+
+// Like `edgerun_generate`, but `prompt` (`n_prompt` > 0 tokens) is the whole context wanted,
+// e.g. a conversation rendered from its start, not tokens to append: the longest prefix it
+// shares with the tokens the session holds (`edgerun_session_tokens`) is kept and only the
+// rest is processed (its last token always runs again, for its logits), so each turn of a
+// chat costs only its new tokens. The output is that of a fresh session given `prompt`.
+//
+// # Safety
+// As for `edgerun_generate`.
+enum edgerun_status edgerun_generate_cached(struct edgerun_session *session,
+                                            const uint32_t *prompt,
+                                            size_t n_prompt,
+                                            const struct edgerun_generate_params *params,
+                                            edgerun_token_callback callback,
+                                            void *user_data,
+                                            struct edgerun_generate_result *out_result);
+
+// Copies the tokens the session's KV cache holds (position by position) into `tokens` (room
+// for `capacity` ids) and their count into `*out_n_tokens`. If `capacity` is too small,
+// returns `EDGERUN_ERR_BUFFER_TOO_SMALL` with the count needed (call with `capacity` 0 to
+// ask).
+//
+// # Safety
+// `session` is NULL or a live session handle used by no other thread during the call;
+// `tokens` is NULL or has room for `capacity` ids; `out_n_tokens` is NULL or writable.
+enum edgerun_status edgerun_session_tokens(struct edgerun_session *session,
+                                           uint32_t *tokens,
+                                           size_t capacity,
+                                           size_t *out_n_tokens);
+
+// Keeps only the first `n` positions of the session's context (`n` at most
+// `edgerun_session_n_past`); the logits are no longer readable until the next prefill or step.
+//
+// # Safety
+// `session` is NULL or a live session handle used by no other thread during the call.
+enum edgerun_status edgerun_session_truncate(struct edgerun_session *session, uint32_t n);
+
+// Saves the session's state (its tokens and their KV cache rows, with the model's identity
+// and the session's shape) to the file `path`, written to a temporary file and renamed over
+// it.
+//
+// # Safety
+// `session` is NULL or a live session handle used by no other thread during the call; `path`
+// is NULL or NUL-terminated.
+enum edgerun_status edgerun_session_save_state(struct edgerun_session *session, const char *path);
+
+// Loads a state saved by `edgerun_session_save_state`: the session then holds the saved
+// tokens as if it had processed them, and its logits are those of the last one. A file from
+// another model or a session of another shape, or a truncated or damaged file, fails with
+// `EDGERUN_ERR_STATE` and leaves the session unchanged.
+//
+// # Safety
+// `session` is NULL or a live session handle used by no other thread during the call; `path`
+// is NULL or NUL-terminated.
+enum edgerun_status edgerun_session_load_state(struct edgerun_session *session, const char *path);
 
 #ifdef __cplusplus
 }  // extern "C"

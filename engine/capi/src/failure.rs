@@ -58,6 +58,7 @@ impl From<EngineError> for Failure {
                 EDGERUN_ERR_INTERNAL
             }
             EngineError::Device(_) => EDGERUN_ERR_DEVICE,
+            EngineError::State { .. } => EDGERUN_ERR_STATE,
         };
         Failure {
             status,

@@ -22,6 +22,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod cache;
 mod failure;
 mod ptr;
 mod types;
@@ -36,6 +37,7 @@ use edge_engine::model::Model;
 use edge_engine::sampling::SamplerConfig;
 use edge_engine::session::{Session, SessionConfig};
 
+pub use cache::*;
 use failure::{guard, guard_value, Failure, LAST_ERROR};
 use ptr::{copy_out, model_ref, session_lock, token_slice, utf8, write_opt};
 use types::edgerun_status::*;
@@ -525,7 +527,73 @@ pub unsafe extern "C" fn edgerun_generate(
     user_data: *mut c_void,
     out_result: *mut edgerun_generate_result,
 ) -> edgerun_status {
-    guard("edgerun_generate", || {
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        generate_impl(
+            "edgerun_generate",
+            session,
+            prompt,
+            n_prompt,
+            params,
+            callback,
+            user_data,
+            out_result,
+            false,
+        )
+    }
+}
+
+/// Like `edgerun_generate`, but `prompt` (`n_prompt` > 0 tokens) is the whole context wanted,
+/// e.g. a conversation rendered from its start, not tokens to append: the longest prefix it
+/// shares with the tokens the session holds (`edgerun_session_tokens`) is kept and only the
+/// rest is processed (its last token always runs again, for its logits), so each turn of a
+/// chat costs only its new tokens. The output is that of a fresh session given `prompt`.
+///
+/// # Safety
+/// As for `edgerun_generate`.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_generate_cached(
+    session: *mut edgerun_session,
+    prompt: *const u32,
+    n_prompt: usize,
+    params: *const edgerun_generate_params,
+    callback: edgerun_token_callback,
+    user_data: *mut c_void,
+    out_result: *mut edgerun_generate_result,
+) -> edgerun_status {
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        generate_impl(
+            "edgerun_generate_cached",
+            session,
+            prompt,
+            n_prompt,
+            params,
+            callback,
+            user_data,
+            out_result,
+            true,
+        )
+    }
+}
+
+/// The body of `edgerun_generate` (`cached` false) and `edgerun_generate_cached`.
+///
+/// # Safety
+/// As for `edgerun_generate`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn generate_impl(
+    name: &'static str,
+    session: *mut edgerun_session,
+    prompt: *const u32,
+    n_prompt: usize,
+    params: *const edgerun_generate_params,
+    callback: edgerun_token_callback,
+    user_data: *mut c_void,
+    out_result: *mut edgerun_generate_result,
+    cached: bool,
+) -> edgerun_status {
+    guard(name, || {
         // SAFETY: the caller's promises about `session`, `prompt` and `params` (a readable,
         // initialised struct whose bools are valid).
         let (s, prompt, p) = unsafe {
@@ -541,7 +609,7 @@ pub unsafe extern "C" fn edgerun_generate(
         );
         let mut s = s;
         let SessionState { session, text } = &mut *s;
-        let done = session.generate(prompt, &options, |event| {
+        let on_event = |event: edge_engine::generate::GenerateEvent<'_>| {
             let Some(cb) = callback else {
                 return ControlFlow::Continue(());
             };
@@ -559,7 +627,12 @@ pub unsafe extern "C" fn edgerun_generate(
             } else {
                 ControlFlow::Break(())
             }
-        })?;
+        };
+        let done = if cached {
+            session.generate_cached(prompt, &options, on_event)
+        } else {
+            session.generate(prompt, &options, on_event)
+        }?;
         let result = edgerun_generate_result {
             stop_reason: match done.stop_reason {
                 StopReason::MaxTokens => edgerun_stop_reason::EDGERUN_STOP_MAX_TOKENS,

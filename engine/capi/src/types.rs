@@ -36,6 +36,10 @@ pub enum edgerun_status {
     /// The compute device failed or is missing (e.g. CUDA asked for on a build or machine
     /// without it).
     EDGERUN_ERR_DEVICE = 9,
+    /// A saved session state cannot be loaded: it is from another model or a session of
+    /// another shape (context, KV type), or the file is truncated or damaged. The session is
+    /// unchanged.
+    EDGERUN_ERR_STATE = 10,
 }
 
 /// Why `edgerun_generate` stopped.

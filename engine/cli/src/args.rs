@@ -21,6 +21,7 @@ use edge_engine::kv::KvType;
 ///   edge-run plan model.gguf --ctx 8192
 ///   edge-run bench model.gguf -p 512 -n 128
 ///   edge-run embed models/all-MiniLM-L6-v2.f16.gguf "A sentence" "Another one" --json
+///   edge-run chat models/SmolLM2-135M-Instruct.Q4_1.gguf
 #[derive(Parser, Debug)]
 #[command(name = "edge-run", version, verbatim_doc_comment)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -46,6 +47,12 @@ pub enum Command {
     /// Print sentence embeddings of texts from an encoder (BERT) model: one line of numbers per
     /// text, or JSON with --json.
     Embed(EmbedArgs),
+    /// Chat with the model interactively: one message per line on stdin, answers streamed
+    /// through its chat template, the history kept in the KV cache (/help lists the commands).
+    Chat(ChatArgs),
+    /// Serve the model over HTTP with an OpenAI-compatible API (chat, completions, embeddings,
+    /// models, health, metrics); every slot's memory is planned before the port opens.
+    Serve(ServeArgs),
 }
 
 /// Where a model runs and on how many threads: every command that runs one.
@@ -171,6 +178,14 @@ pub struct GenerateArgs {
     /// --system the system message]; at most the prompt's length.
     #[arg(long = "keep", value_name = "N", allow_negative_numbers = true, value_parser = count)]
     pub keep: Option<usize>,
+    /// Prompt cache file (as llama.cpp's): if it holds the state of a session of this model and
+    /// these session settings, the prompt's prefix it already covers is not processed again;
+    /// the state after the run is saved to it.
+    #[arg(long = "prompt-cache", value_name = "FILE")]
+    pub prompt_cache: Option<PathBuf>,
+    /// With --prompt-cache: use the file but never write it.
+    #[arg(long = "prompt-cache-ro")]
+    pub prompt_cache_ro: bool,
     /// More logging on stderr (-v info: memory plan, timings; -vv debug). RUST_LOG overrides.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
@@ -281,6 +296,86 @@ pub struct EmbedArgs {
     /// Print a JSON array of {"text", "n_tokens", "embedding"} objects.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `edge-run chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// The GGUF model file (with a tokenizer.chat_template).
+    #[arg(value_name = "MODEL")]
+    pub model: PathBuf,
+    /// A system message (otherwise the template's default, if any).
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    pub system: Option<String>,
+    /// Tokens per answer at most (an answer also stops at the end of its turn).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 1024, value_name = "N",
+          allow_negative_numbers = true, value_parser = positive)]
+    pub n_predict: usize,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    /// Sampling temperature; 0 = greedy (argmax).
+    #[arg(long = "temp", default_value_t = 0.8, value_name = "T", allow_negative_numbers = true, value_parser = number)]
+    pub temp: f32,
+    /// Keep only the K most likely tokens; 0 = off.
+    #[arg(long = "top-k", default_value_t = 40, value_name = "K", allow_negative_numbers = true, value_parser = count)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability adds up to P; 1 = off.
+    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P", allow_negative_numbers = true, value_parser = number)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one; 0 = off.
+    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P", allow_negative_numbers = true, value_parser = number)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last --repeat-last-n tokens; 1 = off.
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X", allow_negative_numbers = true, value_parser = number)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repetition penalty looks at.
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N", allow_negative_numbers = true, value_parser = count)]
+    pub repeat_last_n: usize,
+    /// Random seed: the same seed gives the same answers.
+    #[arg(long = "seed", default_value_t = 42, value_name = "N", allow_negative_numbers = true, value_parser = seed)]
+    pub seed: u64,
+}
+
+/// `edge-run serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long = "host", default_value = "127.0.0.1", value_name = "ADDR")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (printed at start-up).
+    #[arg(long = "port", default_value_t = 8080, value_name = "PORT")]
+    pub port: u16,
+    /// Requests generated at once: each slot is one session (KV cache + arena, planned and
+    /// allocated at start-up) on its own thread.
+    #[arg(long = "slots", default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = slots)]
+    pub slots: usize,
+    /// Requests that may wait for a free slot; beyond that a request gets 503 with Retry-After.
+    #[arg(long = "queue", default_value_t = 16, value_name = "N", allow_negative_numbers = true, value_parser = count)]
+    pub queue: usize,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    /// Require `Authorization: Bearer KEY` on every request except GET /health.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Serve GET /metrics (Prometheus text format).
+    #[arg(long = "metrics")]
+    pub metrics: bool,
+    /// Save each slot's cached prompt (tokens and KV rows) in DIR on shutdown, as
+    /// slot-N.state, and restore it at start-up.
+    #[arg(long = "state-dir", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The most `serve --slots` takes (each slot is a session and a thread).
+pub const MAX_SLOTS: usize = 256;
+
+fn slots(s: &str) -> Result<usize, String> {
+    match positive(s)? {
+        n if n > MAX_SLOTS => Err(format!("must be at most {MAX_SLOTS}")),
+        n => Ok(n),
+    }
 }
 
 // ---- flag value parsers: each error names what is expected (clap adds the flag and value) ----

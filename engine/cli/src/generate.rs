@@ -36,6 +36,11 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
             "--system only applies to chat: add --chat (or put the instructions in the prompt)",
         ));
     }
+    if a.prompt_cache_ro && a.prompt_cache.is_none() {
+        return Err(CliError::usage(
+            "--prompt-cache-ro only applies to a prompt cache: add --prompt-cache FILE",
+        ));
+    }
     let prompt = read_prompt(&a)?;
     let sampling = SamplerConfig {
         temperature: a.temp,
@@ -123,13 +128,23 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
     let interrupted = interrupt_flag()?;
     // A long prompt stops between its chunks on the first Ctrl-C, too.
     session.set_interrupt(Arc::clone(&interrupted));
+    // --prompt-cache: the prefix of the prompt the saved state holds is not processed again.
+    let mut reused = None;
+    if let Some(cache) = &a.prompt_cache {
+        crate::prompt_cache::load(&mut session, cache, a.prompt_cache_ro)?;
+        reused = Some(session.reuse_prefix(&ids));
+    }
     let mut stdout = std::io::stdout().lock();
     let write_err = |e: std::io::Error| CliError::from(format!("writing output: {e}"));
 
     // The generator prefills the prompt and samples the first token (on a GPU the logits stay
     // there unless the settings need them on the host).
     let t_prompt = Instant::now();
-    let mut gen = match session.generator(&ids, &options) {
+    let started = match reused {
+        Some(_) => session.generator_cached(&ids, &options),
+        None => session.generator(&ids, &options),
+    };
+    let mut gen = match started {
         Ok(gen) => gen,
         Err(EngineError::Interrupted {
             processed,
@@ -168,16 +183,20 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
         StopReason::ContextFull => "context full (use a larger --ctx, or --ctx-shift)",
         StopReason::Stopped => "interrupted (Ctrl-C)",
     };
+    if let (Some(cache), false) = (&a.prompt_cache, a.prompt_cache_ro) {
+        crate::prompt_cache::save(&mut session, cache)?;
+    }
+    let cached = reused.map_or(String::new(), |n| format!(", {n} from the prompt cache"));
     let shifts = if a.ctx_shift {
         format!("; context shifts: {}", session.n_shifts())
     } else {
         String::new()
     };
     eprintln!(
-        "\n[edge-run] prompt: {} tokens in {:.0} ms ({:.1} tok/s); generated: {} tokens in {:.0} ms ({:.1} tok/s); stopped: {stop}{shifts}",
+        "\n[edge-run] prompt: {} tokens{cached} in {:.0} ms ({:.1} tok/s); generated: {} tokens in {:.0} ms ({:.1} tok/s); stopped: {stop}{shifts}",
         ids.len(),
         prompt_s * 1e3,
-        ids.len() as f64 / prompt_s.max(1e-9),
+        (ids.len() - reused.unwrap_or(0)) as f64 / prompt_s.max(1e-9),
         done.n_tokens,
         gen_s * 1e3,
         done.n_tokens as f64 / gen_s.max(1e-9)

@@ -13,12 +13,15 @@
 
 mod args;
 mod bench;
+mod chat;
 mod embed;
 mod errors;
 mod generate;
 mod inspect;
 mod output;
 mod plan;
+mod prompt_cache;
+mod serve;
 mod session;
 mod signals;
 
@@ -78,6 +81,8 @@ fn main() -> ExitCode {
         Some(Command::Plan(a)) => plan::plan(a).map(|()| 0),
         Some(Command::Bench(a)) => bench::bench(a).map(|()| 0),
         Some(Command::Embed(a)) => embed::embed(a).map(|()| 0),
+        Some(Command::Chat(a)) => chat::chat(a),
+        Some(Command::Serve(a)) => serve::serve(a),
         None => generate::generate(cli.generate),
     });
     match result {

@@ -224,6 +224,8 @@ fn help_and_readme_list_the_same_flags() {
         &["plan", "--help"],
         &["bench", "--help"],
         &["embed", "--help"],
+        &["chat", "--help"],
+        &["serve", "--help"],
     ] {
         let out = run(args);
         assert_eq!(out.code, Some(0), "{out:?}");
@@ -253,7 +255,9 @@ fn help_and_readme_list_the_same_flags() {
         assert!(help.contains(short), "--help lacks {short}");
         assert!(usage.contains(short), "README Usage lacks {short}");
     }
-    for sub in ["tokenize", "inspect", "plan", "bench", "embed"] {
+    for sub in [
+        "tokenize", "inspect", "plan", "bench", "embed", "chat", "serve",
+    ] {
         assert!(
             help.contains(sub) && usage.contains(sub),
             "{sub} undocumented"

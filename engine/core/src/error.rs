@@ -280,6 +280,14 @@ pub enum EngineError {
         /// The position of the token they were computed for.
         position: usize,
     },
+    /// A saved session state cannot be loaded into this session (another model or session
+    /// shape, a truncated or damaged file); the session is unchanged.
+    State {
+        /// The state file.
+        path: String,
+        /// What is wrong with it.
+        error: StateError,
+    },
     /// An I/O error with the file it concerns.
     Io {
         /// File path.
@@ -308,6 +316,7 @@ impl std::error::Error for EngineError {
             EngineError::Tokenizer(e) => Some(e),
             EngineError::Budget(e) => Some(e.as_ref()),
             EngineError::Io { source, .. } => Some(source),
+            EngineError::State { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -405,6 +414,7 @@ impl EngineError {
                 "{what} at position {position} are not finite (NaN or infinite): the model's weights or hyper-parameters are broken; re-download or re-convert the file"
             ),
             EngineError::Io { path, source } => format!("{path}: {source}"),
+            EngineError::State { path, error } => format!("{path}: {error}"),
         }
     }
 }
@@ -432,6 +442,91 @@ fn budget_line(e: &edge_targets::BudgetError, names: SettingNames<'_>) -> String
         fs(e.budget.limit_bytes)
     )
 }
+
+/// Why a state file cannot be loaded into this session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateError {
+    /// The file does not start with [`crate::session::state::STATE_MAGIC`]: it is no saved
+    /// session state.
+    NotAState,
+    /// The file was written in another format version.
+    Version {
+        /// The file's version.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The file is shorter than its header says (an interrupted copy or a full disk).
+    Truncated {
+        /// Bytes the header implies.
+        expected: u64,
+        /// Bytes the file has.
+        found: u64,
+    },
+    /// The file's checksum does not match its bytes, or a field holds an impossible value.
+    Damaged(String),
+    /// The state was saved with another model file.
+    OtherModel {
+        /// The size of the model file the state was saved with.
+        saved_size: u64,
+        /// The size of this session's model file.
+        model_size: u64,
+        /// Whether the header hashes differ too (same size, other metadata or tensors).
+        same_size: bool,
+    },
+    /// The state was saved by a session of another shape (context, KV type, ...).
+    Shape {
+        /// What differs: "context", "KV type", "layers", "KV heads", "head size",
+        /// "layer rows (ubatch)".
+        what: &'static str,
+        /// The file's value.
+        saved: String,
+        /// This session's value.
+        session: String,
+    },
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::NotAState => {
+                f.write_str("not an edge-run session state file (no EDGERUNS magic)")
+            }
+            StateError::Version { found, supported } => write!(
+                f,
+                "the state file has format version {found}, this build reads version {supported}: save the state again with this build"
+            ),
+            StateError::Truncated { expected, found } => write!(
+                f,
+                "the state file is truncated ({found} of {expected} bytes): save the state again"
+            ),
+            StateError::Damaged(what) => {
+                write!(f, "the state file is damaged ({what}): save the state again")
+            }
+            StateError::OtherModel {
+                saved_size,
+                model_size,
+                same_size,
+            } => {
+                if *same_size {
+                    write!(f, "the state was saved with another model file (same size, {saved_size} bytes, but another header): load it with the model it was saved with")
+                } else {
+                    write!(f, "the state was saved with another model file ({saved_size} bytes; this model has {model_size}): load it with the model it was saved with")
+                }
+            }
+            StateError::Shape {
+                what,
+                saved,
+                session,
+            } => write!(
+                f,
+                "the state was saved by a session with {what} {saved}, this session has {session}: open the session with the same settings"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
 
 /// Result with [`EngineError`].
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

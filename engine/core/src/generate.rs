@@ -143,29 +143,13 @@ impl Session {
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
-        mut on_event: F,
+        on_event: F,
     ) -> Result<Generated>
     where
         F: FnMut(GenerateEvent<'_>) -> ControlFlow<()>,
     {
-        let mut g = self.generator(prompt, options)?;
-        while let Some(token) = g.next() {
-            let token = token?;
-            let event = GenerateEvent {
-                token: Some(token),
-                text: g.text(),
-            };
-            if on_event(event).is_break() {
-                g.stop();
-            }
-        }
-        if !g.text().is_empty() {
-            let _ = on_event(GenerateEvent {
-                token: None,
-                text: g.text(),
-            });
-        }
-        Ok(g.result())
+        let g = self.generator(prompt, options)?;
+        drive(g, on_event)
     }
 
     /// Prefills `prompt` and returns an iterator over the generated tokens; see
@@ -201,16 +185,100 @@ impl Session {
         prompt: &[u32],
         options: &GenerateOptions,
     ) -> Result<Generator<'_>> {
+        self.start_generator(prompt, prompt, options)
+    }
+
+    /// Like [`Session::generate`], but `prompt` is the whole context wanted (a conversation
+    /// rendered from its start, a system prompt followed by a request) rather than tokens to
+    /// append: the longest prefix it shares with what the session holds is reused and only
+    /// the rest is processed ([`Session::reuse_prefix`]), so each turn of a chat costs only
+    /// its new tokens. The tokens, text and logits are those of a fresh session given
+    /// `prompt`. The repetition penalty sees the whole prompt. An empty prompt is an error.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Some(path) = std::env::var_os("EDGE_RUN_MODEL").map(std::path::PathBuf::from).or_else(|| {
+    /// #     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    /// #     p.exists().then_some(p)
+    /// # }) else { return Ok(()) };
+    /// use std::sync::Arc;
+    /// use edge_engine::generate::GenerateOptions;
+    /// use edge_engine::{model::Model, session::{Session, SessionConfig}};
+    ///
+    /// let model = Arc::new(Model::load(&path)?);
+    /// let mut session = Session::new(model.clone(), &SessionConfig { ctx: Some(128), ..Default::default() })?;
+    /// let first = model.tokenize("The capital of France is", true, true)?;
+    /// session.generate_cached(&first, &GenerateOptions::greedy(2), |_| std::ops::ControlFlow::Continue(()))?;
+    /// // The second prompt starts with the first: only its new tokens are processed.
+    /// let second = model.tokenize("The capital of France is Paris. The capital of Italy is", true, true)?;
+    /// let mut text = String::new();
+    /// session.generate_cached(&second, &GenerateOptions::greedy(2), |e| {
+    ///     text.push_str(e.text);
+    ///     std::ops::ControlFlow::Continue(())
+    /// })?;
+    /// assert_eq!(text, " Rome.");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn generate_cached<F>(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_event: F,
+    ) -> Result<Generated>
+    where
+        F: FnMut(GenerateEvent<'_>) -> ControlFlow<()>,
+    {
+        let g = self.generator_cached(prompt, options)?;
+        drive(g, on_event)
+    }
+
+    /// The iterator of [`Session::generate_cached`]: reuses the prefix `prompt` shares with the
+    /// session's tokens, processes the rest and generates; see [`Session::generator`].
+    pub fn generator_cached(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+    ) -> Result<Generator<'_>> {
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidArgument(
+                "nothing to process: the prompt has no tokens".into(),
+            ));
+        }
+        // Checked before the session's tokens are dropped, so that a bad call keeps them.
+        options.sampling.validate()?;
+        self.check_prompt(prompt)?;
+        let kept = self.reuse_prefix(prompt);
+        self.start_generator(prompt, &prompt[kept..], options)
+    }
+
+    /// Starts generation: the sampler sees `context` (the prompt as the caller gave it), the
+    /// session processes `new` (its tail that is not in the KV cache yet).
+    fn start_generator(
+        &mut self,
+        context: &[u32],
+        prompt: &[u32],
+        options: &GenerateOptions,
+    ) -> Result<Generator<'_>> {
         options.sampling.validate()?;
         let n_vocab = self.model().params.n_vocab;
         let mut sampler = Sampler::new(options.sampling.clone(), n_vocab);
         // The repetition penalty looks at the prompt too, as llama.cpp's does.
-        for &t in prompt {
+        for &t in context {
             sampler.accept(t);
         }
+        // A cached prompt's rest runs in the chunks that reproduce a fresh session's bits.
+        let cached = context.len() != prompt.len();
+        let prefill = |s: &mut Session| {
+            if cached {
+                s.prefill_rest(prompt, context.len()).map(|_| ())
+            } else {
+                s.prefill(prompt).map(|_| ())
+            }
+        };
         let next = if options.max_tokens == 0 {
             if !prompt.is_empty() {
-                self.prefill(prompt)?;
+                prefill(self)?;
             }
             None
         } else {
@@ -222,7 +290,7 @@ impl Session {
                     ));
                 }
             } else {
-                self.prefill(prompt)?;
+                prefill(self)?;
             }
             // On a GPU the sampling runs there when the settings allow (Session::sample).
             Some(self.sample(&mut sampler)?)
@@ -240,6 +308,30 @@ impl Session {
             failed: false,
         })
     }
+}
+
+/// Runs `g` to its end, handing each token and its text to `on_event`.
+fn drive<F>(mut g: Generator<'_>, mut on_event: F) -> Result<Generated>
+where
+    F: FnMut(GenerateEvent<'_>) -> ControlFlow<()>,
+{
+    while let Some(token) = g.next() {
+        let token = token?;
+        let event = GenerateEvent {
+            token: Some(token),
+            text: g.text(),
+        };
+        if on_event(event).is_break() {
+            g.stop();
+        }
+    }
+    if !g.text().is_empty() {
+        let _ = on_event(GenerateEvent {
+            token: None,
+            text: g.text(),
+        });
+    }
+    Ok(g.result())
 }
 
 /// Generation as an iterator of token ids (made by [`Session::generator`]), each token sampled

@@ -190,6 +190,14 @@ impl Gguf {
         self.data_offset
     }
 
+    /// The header's bytes: everything before the data section (magic, metadata, tensor
+    /// table), e.g. to fingerprint the file without reading its weights.
+    pub fn header_bytes(&self) -> &[u8] {
+        let bytes = self.storage.bytes();
+        let end = usize::try_from(self.data_offset).map_or(bytes.len(), |o| o.min(bytes.len()));
+        &bytes[..end]
+    }
+
     /// Size of the file in bytes.
     pub fn file_size(&self) -> u64 {
         self.storage.bytes().len() as u64

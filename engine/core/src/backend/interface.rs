@@ -65,6 +65,20 @@ pub trait Backend: Send {
         Ok(self.output(graph)?.iter().all(|v| v.is_finite()))
     }
 
+    /// Copies `out.len()` bytes of the KV cache, from byte `offset`, to `out`. The cache is laid
+    /// out as [`crate::kv::KvCache`]'s: per layer its key rows, then its value rows. For saved
+    /// session state; the default refuses.
+    fn read_kv(&mut self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let _ = (offset, out);
+        Err(kv_copy_unsupported(self.name()))
+    }
+
+    /// Copies `data` into the KV cache at byte `offset` (the layout of [`Backend::read_kv`]).
+    fn write_kv(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        let _ = (offset, data);
+        Err(kv_copy_unsupported(self.name()))
+    }
+
     /// Drops the KV cache positions `keep..keep + n_discard` of the `n_past` held: the later
     /// ones move down and their keys are rotated back by `n_discard` positions.
     fn shift_context(
@@ -122,4 +136,22 @@ pub struct Allocation {
 /// The error of a backend that failed to allocate: what, and the fix.
 pub(crate) fn allocation_error(what: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::OutOfMemory(format!("cannot allocate the {what}: {e}").into())
+}
+
+/// The error of a backend that cannot copy its KV cache to or from the host.
+fn kv_copy_unsupported(backend: &str) -> EngineError {
+    EngineError::Unsupported(
+        format!("saving and loading session state is not implemented on the {backend} backend")
+            .into(),
+    )
+}
+
+/// Checks that `len` bytes from `offset` lie inside a KV cache of `kv_bytes` bytes.
+pub(crate) fn check_kv_range(offset: usize, len: usize, kv_bytes: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > kv_bytes) {
+        return Err(EngineError::InvalidArgument(format!(
+            "KV cache bytes {offset}..+{len} are outside the cache of {kv_bytes} bytes"
+        )));
+    }
+    Ok(())
 }

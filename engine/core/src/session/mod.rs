@@ -2,7 +2,10 @@
 //! (allocated once, as planned before the first token: [`plan`]) on a [`Backend`], and its
 //! position in the conversation. Generation on a session is [`crate::generate`].
 
+mod cache;
+mod chunks;
 pub mod plan;
+pub mod state;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,6 +14,7 @@ use edge_kernels::Kernels;
 
 use crate::backend::{self, Backend};
 use crate::device::Device;
+pub use crate::error::StateError;
 use crate::error::{EngineError, Result};
 use crate::model::Model;
 use crate::plan::{MemoryReport, PlannedGraph};
@@ -40,7 +44,18 @@ pub struct Session {
     decode: PlannedGraph,
     prefill: Option<PlannedGraph>,
     ubatch: usize,
-    n_past: usize,
+    /// The tokens whose keys and values the KV cache holds, position by position: its length
+    /// is the number of positions in use. Reserved for `ctx` tokens when the session opens, so
+    /// that appending never allocates.
+    tokens: Vec<u32>,
+    /// How many of the first `tokens` hold exactly what a fresh session that processed them
+    /// would hold: all of them, until a context shift re-rotates the keys after the kept ones
+    /// (and those were computed while the dropped tokens were in view).
+    n_exact: usize,
+    /// Tokens of the last run (0 once its logits are gone): a loaded state runs its last
+    /// tokens again as one chunk of this size, which reproduces the logits bit for bit.
+    last_run: usize,
+    kv_type: crate::kv::KvType,
     report: MemoryReport,
     /// Whether the last run produced logits that can be read.
     has_logits: bool,
@@ -57,7 +72,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("ctx", &self.ctx)
             .field("ubatch", &self.ubatch)
-            .field("n_past", &self.n_past)
+            .field("n_past", &self.n_past())
             .finish()
     }
 }
@@ -114,7 +129,10 @@ impl Session {
             decode: plan.decode,
             prefill: plan.prefill,
             ubatch: plan.ubatch,
-            n_past: 0,
+            tokens: Vec::with_capacity(plan.ctx),
+            n_exact: 0,
+            last_run: 0,
+            kv_type: plan.kv_type,
             report,
             has_logits: false,
             last_graph_is_prefill: false,
@@ -156,7 +174,12 @@ impl Session {
 
     /// Positions already in the KV cache.
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.tokens.len()
+    }
+
+    /// The element type of the session's KV cache.
+    pub fn kv_type(&self) -> crate::kv::KvType {
+        self.kv_type
     }
 
     /// The session's memory, from its plan.
@@ -166,7 +189,9 @@ impl Session {
 
     /// Forgets the conversation (the KV cache is overwritten from position 0).
     pub fn reset(&mut self) {
-        self.n_past = 0;
+        self.tokens.clear();
+        self.n_exact = 0;
+        self.last_run = 0;
         self.has_logits = false;
         self.n_shifts = 0;
     }
@@ -193,19 +218,21 @@ impl Session {
     pub fn shift_context(&mut self, keep: usize, n_discard: usize) -> Result<()> {
         if keep
             .checked_add(n_discard)
-            .is_none_or(|end| end > self.n_past)
+            .is_none_or(|end| end > self.n_past())
         {
             return Err(EngineError::InvalidArgument(format!(
                 "context shift: cannot drop {n_discard} positions after the first {keep}: only {} are in the context",
-                self.n_past
+                self.n_past()
             )));
         }
         if let Some(reason) = self.model.context_shift_unsupported() {
             return Err(EngineError::Unsupported(reason));
         }
         self.backend
-            .shift_context(&self.model, self.n_past, keep, n_discard)?;
-        self.n_past -= n_discard;
+            .shift_context(&self.model, self.n_past(), keep, n_discard)?;
+        // Draining moves the tail down in place: no allocation.
+        self.tokens.drain(keep..keep + n_discard);
+        self.n_exact = self.n_exact.min(keep);
         self.n_shifts += 1;
         Ok(())
     }
@@ -216,9 +243,9 @@ impl Session {
         let ContextPolicy::Shift { keep } = self.policy else {
             return Ok(());
         };
-        while self.n_past + n > self.ctx() {
-            let keep = keep.min(self.n_past);
-            let n_discard = (self.n_past - keep) / 2;
+        while self.n_past() + n > self.ctx() {
+            let keep = keep.min(self.n_past());
+            let n_discard = (self.n_past() - keep) / 2;
             if n_discard == 0 {
                 return Err(EngineError::ContextShift {
                     what,
@@ -248,7 +275,7 @@ impl Session {
     /// Appends `tokens` (in chunks of the ubatch) without fetching the logits: on a GPU they
     /// stay on the device until [`Session::logits`] or [`Session::argmax`] asks.
     pub fn advance(&mut self, tokens: &[u32]) -> Result<()> {
-        let what = if tokens.len() == 1 && self.n_past > 0 {
+        let what = if tokens.len() == 1 && self.n_past() > 0 {
             "generation"
         } else {
             "prompt"
@@ -257,6 +284,17 @@ impl Session {
     }
 
     fn advance_as(&mut self, tokens: &[u32], what: &'static str) -> Result<()> {
+        self.advance_chunked(tokens, what, None)
+    }
+
+    /// [`Session::advance_as`]; with `exact` = `Some(final_single)` the chunks are sized by
+    /// [`chunks::exact_chunk`] (see [`Session::reuse_prefix`]) instead of whole ubatches.
+    fn advance_chunked(
+        &mut self,
+        tokens: &[u32],
+        what: &'static str,
+        exact: Option<bool>,
+    ) -> Result<()> {
         if tokens.is_empty() {
             return Err(EngineError::InvalidArgument(
                 "nothing to process: the prompt has no tokens".into(),
@@ -266,7 +304,7 @@ impl Session {
         if let ContextPolicy::Shift { keep } = self.policy {
             // Shifting only drops context already processed: a prompt itself (and the kept
             // tokens) must fit. A generated token that cannot is make_room's error (--keep).
-            let kept = keep.min(self.n_past);
+            let kept = keep.min(self.n_past());
             if what == "prompt" && kept + tokens.len() > self.ctx() {
                 return Err(EngineError::ContextFull {
                     what,
@@ -280,16 +318,24 @@ impl Session {
             self.check_fits(tokens.len(), what)?;
         }
         let ubatch = self.ubatch;
-        for (i, chunk) in tokens.chunks(ubatch).enumerate() {
-            if i > 0 && self.interrupted() {
+        let mut done = 0;
+        while done < tokens.len() {
+            if done > 0 && self.interrupted() {
                 return Err(EngineError::Interrupted {
-                    processed: i * ubatch,
+                    processed: done,
                     requested: tokens.len(),
                 });
             }
+            let rest = tokens.len() - done;
+            let n = match exact {
+                None => rest.min(ubatch),
+                Some(final_single) => chunks::exact_chunk(rest, final_single, ubatch),
+            };
+            let chunk = &tokens[done..done + n];
             self.make_room(chunk.len(), what)?;
             self.check_fits(chunk.len(), what)?;
             self.run(chunk)?;
+            done += n;
         }
         Ok(())
     }
@@ -330,7 +376,7 @@ impl Session {
         } else {
             Err(EngineError::NonFinite {
                 what: "the logits",
-                position: self.n_past.saturating_sub(1),
+                position: self.n_past().saturating_sub(1),
             })
         }
     }
@@ -378,6 +424,21 @@ impl Session {
         }
     }
 
+    /// Refuses, before anything changes, a whole-context prompt that cannot run: an id
+    /// outside the vocabulary, or more tokens than the context holds.
+    pub(crate) fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
+        self.check_vocab(prompt)?;
+        if prompt.len() > self.ctx() {
+            return Err(EngineError::ContextFull {
+                what: "prompt",
+                needed: prompt.len(),
+                ctx: self.ctx(),
+                max: self.model.params.n_ctx_train,
+            });
+        }
+        Ok(())
+    }
+
     fn check_vocab(&self, tokens: &[u32]) -> Result<()> {
         let n_vocab = self.model.params.n_vocab;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
@@ -389,10 +450,10 @@ impl Session {
     }
 
     fn check_fits(&self, n: usize, what: &'static str) -> Result<()> {
-        if self.n_past + n > self.ctx() {
+        if self.n_past() + n > self.ctx() {
             return Err(EngineError::ContextFull {
                 what,
-                needed: self.n_past + n,
+                needed: self.n_past() + n,
                 ctx: self.ctx(),
                 max: self.model.params.n_ctx_train,
             });
@@ -412,8 +473,14 @@ impl Session {
         // bytes to the kernels: refuse to run on it (one fstat; a run is milliseconds).
         self.model.gguf().check_unchanged()?;
         self.backend
-            .run(&self.model, pg, chunk, self.n_past, !use_prefill)?;
-        self.n_past += chunk.len();
+            .run(&self.model, pg, chunk, self.n_past(), !use_prefill)?;
+        // Within the capacity reserved at open (check_fits ran): no allocation.
+        let exact = self.n_exact == self.tokens.len();
+        self.tokens.extend_from_slice(chunk);
+        if exact {
+            self.n_exact = self.tokens.len();
+        }
+        self.last_run = chunk.len();
         self.has_logits = true;
         self.last_graph_is_prefill = use_prefill && self.prefill.is_some();
         Ok(())

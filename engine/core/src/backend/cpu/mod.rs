@@ -11,7 +11,7 @@ pub mod tune;
 use edge_gguf::HugePages;
 use edge_kernels::Kernels;
 
-use super::interface::{allocation_error, Allocation, Backend, Shape};
+use super::interface::{allocation_error, check_kv_range, Allocation, Backend, Shape};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::hint;
@@ -145,6 +145,18 @@ impl Backend for CpuBackend {
 
     fn output(&self, graph: &PlannedGraph) -> Result<&[f32]> {
         Ok(self.exec.read_f32(graph, graph.graph.output, 1))
+    }
+
+    fn read_kv(&mut self, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_kv_range(offset, out.len(), self.kv.bytes())?;
+        out.copy_from_slice(&self.kv.mem.bytes_mut()[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn write_kv(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        check_kv_range(offset, data.len(), self.kv.bytes())?;
+        self.kv.mem.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
     }
 
     fn shift_context(

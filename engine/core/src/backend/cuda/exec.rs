@@ -35,7 +35,7 @@ use edge_kernels::{Kernels, Q8Rounding};
 use super::device::{context, device_attrs, drv, place_weights, DeviceAlloc, WeightsMem};
 use super::host::{self, WeightPath, QUANT_MATMUL};
 use super::module;
-use crate::backend::interface::{Allocation, Backend};
+use crate::backend::interface::{check_kv_range, Allocation, Backend};
 use crate::device::Device;
 use crate::error::{EngineError, Result as EngineResult};
 use crate::graph::ValueId;
@@ -629,6 +629,40 @@ impl Backend for CudaExecutor {
             .logit_at(chosen as usize)
             .map_err(|e| EngineError::Device(e.into()))?;
         Ok(v.is_none_or(f32::is_finite))
+    }
+
+    fn read_kv(&mut self, offset: usize, out: &mut [u8]) -> EngineResult<()> {
+        check_kv_range(offset, out.len(), self.kv.bytes)?;
+        let dev = |e: String| EngineError::Device(e.into());
+        self.ctx
+            .bind_to_thread()
+            .map_err(drv("bind"))
+            .map_err(dev)?;
+        // SAFETY: the range was checked to lie inside the KV allocation; the stream is
+        // synchronized before `out` is used or released.
+        unsafe {
+            result::memcpy_dtoh_async(out, self.kv.ptr + offset as u64, self.stream.cu_stream())
+        }
+        .map_err(drv("copy kv"))
+        .map_err(dev)?;
+        self.stream.synchronize().map_err(drv("kv")).map_err(dev)
+    }
+
+    fn write_kv(&mut self, offset: usize, data: &[u8]) -> EngineResult<()> {
+        check_kv_range(offset, data.len(), self.kv.bytes)?;
+        let dev = |e: String| EngineError::Device(e.into());
+        self.ctx
+            .bind_to_thread()
+            .map_err(drv("bind"))
+            .map_err(dev)?;
+        // SAFETY: the range was checked to lie inside the KV allocation; the stream is
+        // synchronized before `data` may be released.
+        unsafe {
+            result::memcpy_htod_async(self.kv.ptr + offset as u64, data, self.stream.cu_stream())
+        }
+        .map_err(drv("copy kv"))
+        .map_err(dev)?;
+        self.stream.synchronize().map_err(drv("kv")).map_err(dev)
     }
 
     fn shift_context(

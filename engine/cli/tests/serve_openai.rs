@@ -1,0 +1,147 @@
+//! `edge-run serve` with OpenAI's own Python client (`pip install openai`; under `CI=true` a
+//! missing package fails): `serve_openai.py` checks chat (streamed and not, greedy text equal
+//! to the CLI's), completions, models, embeddings and the client's exception classes. And
+//! `/v1/embeddings` over plain HTTP against `edge-run embed` (itself tested against llama.cpp).
+
+mod serve_util;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::{json, Value};
+use serve_util::*;
+
+/// `edge-run embed --json` vectors of `texts`.
+fn cli_embed(path: &std::path::Path, texts: &[&str]) -> Vec<Vec<f64>> {
+    let out = Command::new(BIN)
+        .arg("embed")
+        .arg(path)
+        .args(texts)
+        .args(["--json", "-t", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["embedding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+const TEXTS: [&str; 2] = [
+    "A robot picks up the red cup.",
+    "The weather is nice today.",
+];
+
+#[test]
+fn the_openai_python_client_works_unchanged() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai.py");
+    let probe = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        return edge_tests::missing("python3 with the openai package", "pip install openai");
+    }
+    let srv = Server::start(&[
+        "-t",
+        "1",
+        "--ctx",
+        "512",
+        "--slots",
+        "2",
+        "--api-key",
+        "test-key",
+    ]);
+    let expected = cli_chat(QUESTION, 32);
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script)
+        .env("EDGE_RUN_BASE_URL", format!("http://{}/v1", srv.addr))
+        .env("EDGE_RUN_API_KEY", "test-key")
+        .env("EDGE_RUN_QUESTION", QUESTION)
+        .env("EDGE_RUN_EXPECTED", &expected);
+    // The embeddings part needs the encoder model (skipped outside CI without it).
+    let embed_srv = edge_tests::minilm_path().map(|p| {
+        let s = Server::start_with(&p, &["-t", "1"]);
+        let expected = json!(cli_embed(&p, &TEXTS)).to_string();
+        cmd.env("EDGE_RUN_EMBED_BASE_URL", format!("http://{}/v1", s.addr))
+            .env("EDGE_RUN_EMBED_TEXTS", json!(TEXTS).to_string())
+            .env("EDGE_RUN_EMBED_EXPECTED", expected);
+        s
+    });
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "serve_openai.py failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        srv.log()
+    );
+    assert!(stdout.contains("ok: all checks passed"), "{stdout}");
+    if embed_srv.is_some() {
+        assert!(stdout.contains("ok: embeddings equal"), "{stdout}");
+    }
+}
+
+#[test]
+fn embeddings_over_http_equal_the_cli() {
+    let Some(path) = edge_tests::minilm_path() else {
+        return;
+    };
+    let expected = cli_embed(&path, &TEXTS);
+    let srv = Server::start_with(&path, &["-t", "1", "--slots", "2"]);
+    let r = srv.post("/v1/embeddings", &json!({"input": TEXTS, "model": "x"}));
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"].as_array().unwrap().len(), 2);
+    for (i, want) in expected.iter().enumerate() {
+        let d = &v["data"][i];
+        assert_eq!(d["object"], "embedding");
+        assert_eq!(d["index"], i);
+        let got: Vec<f64> = d["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(got.len(), want.len());
+        // The CLI prints 6 decimals in its table but full precision in JSON.
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-6, "text {i}: max difference {worst}");
+    }
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 10);
+    // Errors: no input, a non-string, a text model's endpoints on an encoder.
+    let e = api_error(&srv.post("/v1/embeddings", &json!({})), 400);
+    assert_eq!(e["param"], "input");
+    let e = api_error(&srv.post("/v1/embeddings", &json!({"input": [1]})), 400);
+    assert_eq!(e["param"], "input");
+    let e = api_error(
+        &srv.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        400,
+    );
+    assert!(
+        e["message"].as_str().unwrap().contains("/v1/embeddings"),
+        "{e}"
+    );
+    let long = "word ".repeat(1000);
+    let e = api_error(
+        &srv.post("/v1/embeddings", &json!({"input": ["ok", long]})),
+        400,
+    );
+    assert_eq!(e["param"], "input[1]", "{e}");
+}
