@@ -14,7 +14,7 @@
 # Into models/ (git-ignored; EDGE_RUN_MODELS overrides). Idempotent: a file already there is
 # kept; each is written to NAME.part and renamed when complete. Needs python3 with gguf and
 # numpy (pip install gguf numpy) and the peer llama.cpp (../shared/peer/build-llama-cpp.sh).
-# Making everything from scratch took 10 minutes on a busy 2-core machine; the files take 2.1 GB,
+# Making everything from scratch took 10 minutes on a busy 2-core machine; the files take 2.6 GB,
 # plus up to 2.3 GB of F16 intermediates (deleted when done).
 set -euo pipefail
 cd "$(dirname "$0")/.."
