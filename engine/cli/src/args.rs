@@ -21,6 +21,7 @@ use edge_engine::kv::KvType;
 ///   edge-run plan model.gguf --ctx 8192
 ///   edge-run bench model.gguf -p 512 -n 128
 ///   edge-run embed models/all-MiniLM-L6-v2.f16.gguf "A sentence" "Another one" --json
+///   edge-run perplexity model.gguf -f text.txt
 #[derive(Parser, Debug)]
 #[command(name = "edge-run", version, verbatim_doc_comment)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -46,6 +47,10 @@ pub enum Command {
     /// Print sentence embeddings of texts from an encoder (BERT) model: one line of numbers per
     /// text, or JSON with --json.
     Embed(EmbedArgs),
+    /// Perplexity of a model over a text, and KL divergence from a base model, as llama.cpp's
+    /// llama-perplexity computes them (same chunks, same scored positions, same base-logits
+    /// files).
+    Perplexity(PerplexityArgs),
 }
 
 /// Where a model runs and on how many threads: every command that runs one.
@@ -281,6 +286,40 @@ pub struct EmbedArgs {
     /// Print a JSON array of {"text", "n_tokens", "embedding"} objects.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `edge-run perplexity`.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// The text to score (UTF-8); not needed with --kl-divergence, whose base file holds the
+    /// tokens.
+    #[arg(short = 'f', long = "file", value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// Tokens per chunk; the second half of each chunk is scored [default: 512; with
+    /// --kl-divergence: the base file's].
+    #[arg(short = 'c', long = "ctx", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    pub ctx: Option<usize>,
+    /// Tokens per forward pass for the unscored first half of each chunk; 1 runs every token
+    /// on its own, which reproduces llama-perplexity -b 1 bit for bit (the scored half always
+    /// runs one token per pass).
+    #[arg(short = 'b', long = "batch", value_name = "N", default_value_t = crate::perplexity::DEFAULT_BATCH,
+          allow_negative_numbers = true, value_parser = positive)]
+    pub batch: usize,
+    /// Evaluate at most N chunks [default: all the text holds].
+    #[arg(long = "chunks", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    pub chunks: Option<usize>,
+    #[command(flatten)]
+    pub compute: ComputeFlags,
+    /// Without --kl-divergence: also write the base model's log-probabilities to FILE
+    /// (llama.cpp's format). With it: read them from FILE.
+    #[arg(long = "kl-divergence-base", value_name = "FILE")]
+    pub kl_divergence_base: Option<PathBuf>,
+    /// Compare the model with the base model of --kl-divergence-base FILE: KL divergence,
+    /// probability differences and same-top-token rate, as llama.cpp prints them.
+    #[arg(long = "kl-divergence", requires = "kl_divergence_base")]
+    pub kl_divergence: bool,
 }
 
 // ---- flag value parsers: each error names what is expected (clap adds the flag and value) ----

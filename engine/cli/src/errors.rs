@@ -83,7 +83,17 @@ pub fn clap_error_line(e: &clap::Error) -> String {
     let sub = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
-        .filter(|a| ["tokenize", "inspect", "plan", "bench", "embed"].contains(&a.as_str()));
+        .filter(|a| {
+            [
+                "tokenize",
+                "inspect",
+                "plan",
+                "bench",
+                "embed",
+                "perplexity",
+            ]
+            .contains(&a.as_str())
+        });
     match sub {
         Some(sub) => format!("{line} (see edge-run {sub} --help)"),
         None => format!("{line} (see edge-run --help)"),

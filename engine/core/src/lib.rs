@@ -74,6 +74,7 @@ pub mod graph;
 pub mod kv;
 pub mod memory;
 pub mod model;
+pub mod perplexity;
 pub mod plan;
 pub mod sampling;
 pub mod session;
