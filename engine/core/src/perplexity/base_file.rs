@@ -76,6 +76,7 @@ fn bad_file(path: &Path, problem: String) -> EngineError {
 
 /// Writes a base-logits file: the header and tokens at [`BaseWriter::create`], then the rows
 /// in order.
+#[derive(Debug)]
 pub struct BaseWriter {
     path: PathBuf,
     out: BufWriter<File>,
@@ -126,6 +127,7 @@ impl BaseWriter {
 
 /// Reads a base-logits file: the header and tokens at [`BaseReader::open`] (validated against
 /// the file's size and the model's vocabulary), then the rows chunk by chunk.
+#[derive(Debug)]
 pub struct BaseReader {
     path: PathBuf,
     input: BufReader<File>,
