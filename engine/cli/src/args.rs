@@ -288,6 +288,12 @@ pub struct EmbedArgs {
     pub json: bool,
 }
 
+/// `edge-run perplexity`'s tokens per chunk without -c, as llama-perplexity's.
+pub const PERPLEXITY_DEFAULT_CTX: usize = 512;
+
+/// `edge-run perplexity`'s tokens per forward pass of the unscored half without -b.
+pub const PERPLEXITY_DEFAULT_BATCH: usize = 512;
+
 /// `edge-run perplexity`.
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -304,7 +310,7 @@ pub struct PerplexityArgs {
     /// Tokens per forward pass for the unscored first half of each chunk; 1 runs every token
     /// on its own, which reproduces llama-perplexity -b 1 bit for bit (the scored half always
     /// runs one token per pass).
-    #[arg(short = 'b', long = "batch", value_name = "N", default_value_t = crate::perplexity::DEFAULT_BATCH,
+    #[arg(short = 'b', long = "batch", value_name = "N", default_value_t = PERPLEXITY_DEFAULT_BATCH,
           allow_negative_numbers = true, value_parser = positive)]
     pub batch: usize,
     /// Evaluate at most N chunks [default: all the text holds].

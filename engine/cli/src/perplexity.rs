@@ -12,17 +12,11 @@ use edge_engine::model::Model;
 use edge_engine::perplexity::{self as ppl, report, BaseReader, ChunkDone};
 use edge_engine::session::SessionConfig;
 
-use crate::args::PerplexityArgs;
+use crate::args::{PerplexityArgs, PERPLEXITY_DEFAULT_CTX};
 use crate::errors::{hint, load_model, CliError, CliResult};
 use crate::output::read_text;
 use crate::session::{open_session, resolve_device};
 use crate::signals::{interrupt_flag, EXIT_INTERRUPTED};
-
-/// Tokens per chunk without -c, as llama-perplexity.
-pub const DEFAULT_CTX: usize = 512;
-
-/// Tokens per forward pass of the unscored half without -b.
-pub const DEFAULT_BATCH: usize = 512;
 
 fn write_err(e: std::io::Error) -> CliError {
     CliError::from(format!("writing output: {e}"))
@@ -79,7 +73,7 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult<u8> {
         base = Some(reader);
         (Vec::new(), ctx)
     } else {
-        let ctx = a.ctx.unwrap_or(DEFAULT_CTX);
+        let ctx = a.ctx.unwrap_or(PERPLEXITY_DEFAULT_CTX);
         (read_tokens(&model, a.file.as_deref())?, ctx)
     };
     if ctx < ppl::MIN_CTX || ctx > n_ctx_train {

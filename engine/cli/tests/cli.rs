@@ -224,6 +224,7 @@ fn help_and_readme_list_the_same_flags() {
         &["plan", "--help"],
         &["bench", "--help"],
         &["embed", "--help"],
+        &["perplexity", "--help"],
     ] {
         let out = run(args);
         assert_eq!(out.code, Some(0), "{out:?}");
@@ -253,7 +254,14 @@ fn help_and_readme_list_the_same_flags() {
         assert!(help.contains(short), "--help lacks {short}");
         assert!(usage.contains(short), "README Usage lacks {short}");
     }
-    for sub in ["tokenize", "inspect", "plan", "bench", "embed"] {
+    for sub in [
+        "tokenize",
+        "inspect",
+        "plan",
+        "bench",
+        "embed",
+        "perplexity",
+    ] {
         assert!(
             help.contains(sub) && usage.contains(sub),
             "{sub} undocumented"
