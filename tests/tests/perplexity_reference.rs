@@ -87,7 +87,7 @@ fn final_ppl(line: &str) -> f64 {
 
 #[test]
 fn text_is_long_enough_for_five_chunks() {
-    let model = Model::load(&smollm2_path()).unwrap();
+    let model = Model::load(smollm2_path()).unwrap();
     let n = text_tokens(&model).len();
     assert!(n >= 5 * 512, "{n} tokens");
     assert_eq!(ppl::n_chunks(n, 512, None).unwrap(), 5);
@@ -95,7 +95,7 @@ fn text_is_long_enough_for_five_chunks() {
 
 #[test]
 fn token_by_token_perplexity_equals_llama_cpp_b1() {
-    let model = Arc::new(Model::load(&smollm2_path()).unwrap());
+    let model = Arc::new(Model::load(smollm2_path()).unwrap());
     let (want_running, want_final) = llama_ppl(&read("llama-ppl-q4_1-b1.txt"));
     let (running, fin, _) = ours(&model, 1, None);
     assert_eq!(running, want_running);
@@ -104,7 +104,7 @@ fn token_by_token_perplexity_equals_llama_cpp_b1() {
 
 #[test]
 fn batched_perplexity_agrees_with_llama_cpp_b512() {
-    let model = Arc::new(Model::load(&smollm2_path()).unwrap());
+    let model = Arc::new(Model::load(smollm2_path()).unwrap());
     let (_, want_final) = llama_ppl(&read("llama-ppl-q4_1-b512.txt"));
     let (_, fin, got) = ours(&model, 512, None);
     let want = final_ppl(&want_final);
@@ -187,7 +187,7 @@ fn base_file_and_kl_divergence_match_llama_cpp() {
     );
     drop(base_model);
 
-    let model = Arc::new(Model::load(&smollm2_path()).unwrap());
+    let model = Arc::new(Model::load(smollm2_path()).unwrap());
     let mut reader = BaseReader::open(&base, model.n_vocab()).unwrap();
     assert_eq!((reader.header.n_ctx, reader.header.n_chunks), (512, 5));
     let mut s = session(&model, 1);
