@@ -162,7 +162,8 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult<u8> {
                 let _ = std::fs::remove_file(p);
             }
         }
-        r.map(|r| vec![String::new(), r.final_line()])
+        // The end of the running values, then a blank line, as llama-perplexity prints them.
+        r.map(|r| vec![String::new(), String::new(), r.final_line()])
     };
     if let Some(e) = write_failed {
         return Err(write_err(e));
