@@ -22,6 +22,7 @@ use edge_engine::kv::KvType;
 ///   edge-run bench model.gguf -p 512 -n 128
 ///   edge-run embed models/all-MiniLM-L6-v2.f16.gguf "A sentence" "Another one" --json
 ///   edge-run chat models/SmolLM2-135M-Instruct.Q4_1.gguf
+///   edge-run perplexity model.gguf -f text.txt
 #[derive(Parser, Debug)]
 #[command(name = "edge-run", version, verbatim_doc_comment)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -53,6 +54,10 @@ pub enum Command {
     /// Serve the model over HTTP with an OpenAI-compatible API (chat, completions, embeddings,
     /// models, health, metrics); every slot's memory is planned before the port opens.
     Serve(ServeArgs),
+    /// Perplexity of a model over a text, and KL divergence from a base model, as llama.cpp's
+    /// llama-perplexity computes them (same chunks, same scored positions, same base-logits
+    /// files).
+    Perplexity(PerplexityArgs),
 }
 
 /// Where a model runs and on how many threads: every command that runs one.
@@ -376,6 +381,46 @@ fn slots(s: &str) -> Result<usize, String> {
         n if n > MAX_SLOTS => Err(format!("must be at most {MAX_SLOTS}")),
         n => Ok(n),
     }
+}
+
+/// `edge-run perplexity`'s tokens per chunk without -c, as llama-perplexity's.
+pub const PERPLEXITY_DEFAULT_CTX: usize = 512;
+
+/// `edge-run perplexity`'s tokens per forward pass of the unscored half without -b.
+pub const PERPLEXITY_DEFAULT_BATCH: usize = 512;
+
+/// `edge-run perplexity`.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// The text to score (UTF-8); not needed with --kl-divergence, whose base file holds the
+    /// tokens.
+    #[arg(short = 'f', long = "file", value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// Tokens per chunk; the second half of each chunk is scored [default: 512; with
+    /// --kl-divergence: the base file's].
+    #[arg(short = 'c', long = "ctx", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    pub ctx: Option<usize>,
+    /// Tokens per forward pass for the unscored first half of each chunk; 1 runs every token
+    /// on its own, which reproduces llama-perplexity -b 1 bit for bit (the scored half always
+    /// runs one token per pass).
+    #[arg(short = 'b', long = "batch", value_name = "N", default_value_t = PERPLEXITY_DEFAULT_BATCH,
+          allow_negative_numbers = true, value_parser = positive)]
+    pub batch: usize,
+    /// Evaluate at most N chunks [default: all the text holds].
+    #[arg(long = "chunks", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
+    pub chunks: Option<usize>,
+    #[command(flatten)]
+    pub compute: ComputeFlags,
+    /// Without --kl-divergence: also write the base model's log-probabilities to FILE
+    /// (llama.cpp's format). With it: read them from FILE.
+    #[arg(long = "kl-divergence-base", value_name = "FILE")]
+    pub kl_divergence_base: Option<PathBuf>,
+    /// Compare the model with the base model of --kl-divergence-base FILE: KL divergence,
+    /// probability differences and same-top-token rate, as llama.cpp prints them.
+    #[arg(long = "kl-divergence", requires = "kl_divergence_base")]
+    pub kl_divergence: bool,
 }
 
 // ---- flag value parsers: each error names what is expected (clap adds the flag and value) ----

@@ -85,7 +85,14 @@ pub fn clap_error_line(e: &clap::Error) -> String {
         .find(|a| !a.starts_with('-'))
         .filter(|a| {
             [
-                "tokenize", "inspect", "plan", "bench", "embed", "chat", "serve",
+                "tokenize",
+                "inspect",
+                "plan",
+                "bench",
+                "embed",
+                "chat",
+                "serve",
+                "perplexity",
             ]
             .contains(&a.as_str())
         });

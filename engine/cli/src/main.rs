@@ -3,7 +3,8 @@
 //! `edge-run MODEL.gguf -p PROMPT` generates text (streamed to stdout; logs go to stderr);
 //! `edge-run tokenize`, `edge-run inspect` work on any GGUF; `edge-run plan` prints the memory a
 //! session would hold (without allocating it) and `edge-run bench` measures prompt processing and
-//! generation speed; `edge-run embed` prints sentence embeddings from an encoder (BERT) model.
+//! generation speed; `edge-run embed` prints sentence embeddings from an encoder (BERT) model; `edge-run perplexity`
+//! scores a model on a text as llama.cpp's llama-perplexity does.
 //! Every error is one line on stderr and a non-zero exit status (2 for a bad command line, 3
 //! for a model file that changed while in use, 130 after Ctrl-C, 1 for anything else).
 //!
@@ -19,6 +20,7 @@ mod errors;
 mod generate;
 mod inspect;
 mod output;
+mod perplexity;
 mod plan;
 mod prompt_cache;
 mod serve;
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         Some(Command::Embed(a)) => embed::embed(a).map(|()| 0),
         Some(Command::Chat(a)) => chat::chat(a),
         Some(Command::Serve(a)) => serve::serve(a),
+        Some(Command::Perplexity(a)) => perplexity::perplexity(a),
         None => generate::generate(cli.generate),
     });
     match result {

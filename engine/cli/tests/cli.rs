@@ -226,6 +226,7 @@ fn help_and_readme_list_the_same_flags() {
         &["embed", "--help"],
         &["chat", "--help"],
         &["serve", "--help"],
+        &["perplexity", "--help"],
     ] {
         let out = run(args);
         assert_eq!(out.code, Some(0), "{out:?}");
@@ -256,7 +257,14 @@ fn help_and_readme_list_the_same_flags() {
         assert!(usage.contains(short), "README Usage lacks {short}");
     }
     for sub in [
-        "tokenize", "inspect", "plan", "bench", "embed", "chat", "serve",
+        "tokenize",
+        "inspect",
+        "plan",
+        "bench",
+        "embed",
+        "chat",
+        "serve",
+        "perplexity",
     ] {
         assert!(
             help.contains(sub) && usage.contains(sub),

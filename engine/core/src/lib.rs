@@ -12,6 +12,8 @@
 //! [`graph::Graph`] → [`plan`] places its values in one arena → a [`session::Session`] opens a
 //! [`backend::Backend`] (CPU or CUDA) with the KV cache ([`kv`]) and the arena → logits →
 //! [`sampling::Sampler`] → [`generate::Generator`] streams text.
+//! [`perplexity`] scores a model on a text (and against a base model's saved log-probabilities)
+//! as llama.cpp's `llama-perplexity` does.
 //!
 //! # Library use
 //!
@@ -74,6 +76,7 @@ pub mod graph;
 pub mod kv;
 pub mod memory;
 pub mod model;
+pub mod perplexity;
 pub mod plan;
 pub mod sampling;
 pub mod session;
