@@ -13,6 +13,7 @@
 
 mod args;
 mod bench;
+mod constrain;
 mod embed;
 mod errors;
 mod generate;

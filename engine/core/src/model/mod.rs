@@ -33,6 +33,9 @@ pub struct Model {
     pub chat_template: Option<String>,
     /// Heap the loaded model holds besides its mapped weights (see [`Model::runtime_bytes`]).
     runtime_bytes: u64,
+    /// The token trie for constrained decoding, built on first use
+    /// ([`Model::constraint_vocab`]).
+    pub(crate) constraint_vocab: std::sync::OnceLock<crate::constrain::ConstraintVocab>,
 }
 
 /// Anonymous (heap and stack) resident bytes of this process, where the OS says (Linux).
@@ -136,6 +139,7 @@ impl Model {
             layout,
             tokenizer,
             chat_template,
+            constraint_vocab: std::sync::OnceLock::new(),
         })
     }
 
