@@ -337,6 +337,14 @@ impl Generator<'_> {
             return;
         }
         self.stop = Some(reason);
+        if let Some(g) = &self.guide {
+            let (n, busy) = g.stats();
+            log::info!(
+                "constraint: {n} masks over {} tokens, {:.1} µs per token in the constraint",
+                self.n_tokens,
+                busy.as_secs_f64() * 1e6 / self.n_tokens.max(1) as f64
+            );
+        }
         self.text.clear();
         if let Some(rest) = self.stream.flush() {
             self.text.push_str(rest);

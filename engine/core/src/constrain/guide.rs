@@ -33,6 +33,9 @@ pub(crate) struct Guide {
     /// The logits with every disallowed token at -inf; `n_vocab` long, allocated once.
     masked: Vec<f32>,
     eog: Vec<u32>,
+    /// Steps that computed a mask, and the time spent in the constraint (masks and commits).
+    n_masks: u32,
+    busy: std::time::Duration,
 }
 
 impl Guide {
@@ -51,6 +54,8 @@ impl Guide {
             phase,
             masked: vec![f32::NEG_INFINITY; vocab.trie().vocab_size()],
             eog: vocab.eog.clone(),
+            n_masks: 0,
+            busy: std::time::Duration::ZERO,
         })
     }
 
@@ -62,6 +67,18 @@ impl Guide {
     /// Decides how the next token is picked from `logits`: computes the grammar's mask and
     /// writes the masked logits, unless one token is forced or the constraint still waits.
     pub(crate) fn choose(&mut self, logits: &[f32]) -> Result<Choice, ConstraintError> {
+        let t0 = std::time::Instant::now();
+        let choice = self.choose_inner(logits);
+        self.busy += t0.elapsed();
+        choice
+    }
+
+    /// Masks computed, and the time the constraint took (masks and token commits), so far.
+    pub(crate) fn stats(&self) -> (u32, std::time::Duration) {
+        (self.n_masks, self.busy)
+    }
+
+    fn choose_inner(&mut self, logits: &[f32]) -> Result<Choice, ConstraintError> {
         if !self.is_active() {
             return Ok(Choice::Free);
         }
@@ -73,6 +90,7 @@ impl Guide {
             .matcher
             .compute_mask()
             .map_err(|e| ConstraintError::new("constrained decoding", e.to_string()))?;
+        self.n_masks += 1;
         let eos_allowed = self.eog.iter().any(|&t| mask.is_allowed(t));
         let n_text = mask.num_set() - self.eog.iter().filter(|&&t| mask.is_allowed(t)).count();
         if n_text == 0 {
@@ -134,6 +152,19 @@ impl Guide {
     /// waiting constraint looks for the trigger and, once seen, feeds the grammar the output
     /// from the trigger's first byte.
     pub(crate) fn accept(
+        &mut self,
+        vocab: &ConstraintVocab,
+        token: u32,
+        piece: &[u8],
+        is_control: bool,
+    ) -> Result<(), ConstraintError> {
+        let t0 = std::time::Instant::now();
+        let r = self.accept_inner(vocab, token, piece, is_control);
+        self.busy += t0.elapsed();
+        r
+    }
+
+    fn accept_inner(
         &mut self,
         vocab: &ConstraintVocab,
         token: u32,
