@@ -3,7 +3,8 @@
 
 use llguidance::Matcher;
 
-use super::{Constraint, ConstraintError, ConstraintVocab};
+use super::spec::{Constraint, ConstraintError};
+use super::vocab::ConstraintVocab;
 use crate::sampling::Sampler;
 
 /// Where a lazy constraint stands.
@@ -53,7 +54,7 @@ impl Guide {
             matcher,
             phase,
             masked: vec![f32::NEG_INFINITY; vocab.trie().vocab_size()],
-            eog: vocab.eog.clone(),
+            eog: vocab.eog_tokens().to_vec(),
             n_masks: 0,
             busy: std::time::Duration::ZERO,
         })

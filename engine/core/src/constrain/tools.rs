@@ -13,7 +13,7 @@
 
 use serde_json::{json, Value};
 
-use super::{Constraint, ConstraintError};
+use super::spec::{Constraint, ConstraintError};
 
 /// The tool-call syntaxes edge-run knows, detected from a chat template.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,7 +266,7 @@ fn call_schema(syntax: ToolCallSyntax, f: &ToolFunction) -> Value {
     }
     // $refs into the parameters' root ("#/properties/...") would now miss; rewrite them.
     rewrite_refs(&mut schema["properties"][args], args);
-    super::json_options().apply_to(&mut schema);
+    super::vocab::json_options().apply_to(&mut schema);
     schema
 }
 
