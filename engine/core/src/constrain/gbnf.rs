@@ -23,6 +23,67 @@ struct Parser<'a> {
     used: Vec<(String, usize)>,
 }
 
+/// One element of a sequence: its Lark text and, for a regular one (no rule reference), the
+/// same as a regex and the characters it can start with.
+struct Piece {
+    lark: String,
+    /// The element as a regex, when it references no rule.
+    rx: Option<String>,
+    /// The characters it can start with (sorted disjoint ranges), when known and it cannot be
+    /// empty.
+    first: Option<Vec<(u32, u32)>>,
+    /// A repetition (`*`, `+`, `{m,n}`) of a regular element: a candidate for one lexeme.
+    repeat: Option<(String, usize, Option<usize>)>,
+}
+
+impl Piece {
+    fn rule(lark: String) -> Piece {
+        Piece {
+            lark,
+            rx: None,
+            first: None,
+            repeat: None,
+        }
+    }
+}
+
+/// Sorted, merged ranges.
+fn normalize(mut r: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    r.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(r.len());
+    for (lo, hi) in r {
+        match out.last_mut() {
+            Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+fn complement(r: &[(u32, u32)]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut next = 0u32;
+    for &(lo, hi) in r {
+        if lo > next {
+            out.push((next, lo - 1));
+        }
+        next = hi.saturating_add(1);
+    }
+    if next <= 0x10FFFF {
+        out.push((next, 0x10FFFF));
+    }
+    out
+}
+
+fn disjoint(a: &[(u32, u32)], b: &[(u32, u32)]) -> bool {
+    a.iter()
+        .all(|&(lo, hi)| b.iter().all(|&(l2, h2)| hi < l2 || h2 < lo))
+}
+
+fn rx_char(c: char) -> String {
+    format!("\\x{{{:X}}}", c as u32)
+}
+
 /// Translates the GBNF grammar `src` to a Lark grammar for llguidance; the error names the
 /// problem and its line.
 pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
@@ -140,17 +201,42 @@ impl Parser<'_> {
 
     /// `seq | seq | ...`; inside parentheses when `nested` (newlines are spaces there).
     fn alternates(&mut self, nested: bool) -> Result<String, String> {
+        Ok(self.alternates_piece(nested)?.lark)
+    }
+
+    /// The alternatives as one piece: regular when every alternative is.
+    fn alternates_piece(&mut self, nested: bool) -> Result<Piece, String> {
         let mut alts = vec![self.sequence(nested)?];
         while self.peek() == Some('|') {
             self.pos += 1;
             self.skip_space(true);
             alts.push(self.sequence(nested)?);
         }
-        Ok(alts.join(" | "))
+        let lark = alts
+            .iter()
+            .map(|a| a.lark.as_str())
+            .collect::<Vec<_>>()
+            .join(" | ");
+        let rx = alts
+            .iter()
+            .map(|a| a.rx.clone())
+            .collect::<Option<Vec<_>>>()
+            .map(|v| format!("(?:{})", v.join("|")));
+        let first = alts
+            .iter()
+            .map(|a| a.first.clone())
+            .collect::<Option<Vec<_>>>()
+            .map(|v| normalize(v.concat()));
+        Ok(Piece {
+            lark,
+            rx,
+            first,
+            repeat: None,
+        })
     }
 
-    fn sequence(&mut self, nested: bool) -> Result<String, String> {
-        let mut items: Vec<String> = Vec::new();
+    fn sequence(&mut self, nested: bool) -> Result<Piece, String> {
+        let mut items: Vec<Piece> = Vec::new();
         loop {
             let at = self.pos;
             let atom = match self.peek() {
@@ -158,17 +244,25 @@ impl Parser<'_> {
                 Some('[') => self.class()?,
                 Some('.') => {
                     self.pos += 1;
-                    "/(?s:.)/".to_string()
+                    Piece {
+                        lark: "/(?s:.)/".to_string(),
+                        rx: Some("(?s:.)".to_string()),
+                        first: Some(vec![(0, 0x10FFFF)]),
+                        repeat: None,
+                    }
                 }
                 Some('(') => {
                     self.pos += 1;
                     self.skip_space(true);
-                    let inner = self.alternates(true)?;
+                    let inner = self.alternates_piece(true)?;
                     if self.peek() != Some(')') {
                         return Err(self.err(self.pos, "expected `)`"));
                     }
                     self.pos += 1;
-                    format!("({inner})")
+                    Piece {
+                        lark: format!("({})", inner.lark),
+                        ..inner
+                    }
                 }
                 Some('<') => {
                     return Err(self.err(
@@ -192,7 +286,7 @@ impl Parser<'_> {
                         break;
                     }
                     self.used.push((name.clone(), at));
-                    self.lark_name(&name)
+                    Piece::rule(self.lark_name(&name))
                 }
                 _ => break,
             };
@@ -203,17 +297,75 @@ impl Parser<'_> {
         }
         if items.is_empty() {
             // An empty alternative matches the empty string.
-            return Ok("\"\"".into());
+            return Ok(Piece {
+                lark: "\"\"".into(),
+                rx: Some(String::new()),
+                first: None,
+                repeat: None,
+            });
         }
-        Ok(items.join(" "))
+        // A repetition of a regular element becomes one lexeme (one regex) when what follows
+        // cannot start the way it does: lexing it longest-match then splits the text exactly
+        // where the character-level grammar must, and the mask costs far less than one lexeme
+        // per character.
+        for i in 0..items.len().saturating_sub(1) {
+            let (Some((rx, min, max)), Some(base), Some(next)) = (
+                items[i].repeat.clone(),
+                items[i].first.clone(),
+                items[i + 1].first.clone(),
+            ) else {
+                continue;
+            };
+            if !disjoint(&base, &next) {
+                continue;
+            }
+            let max_s = max.map_or(String::new(), |m| m.to_string());
+            items[i].lark = if min == 0 {
+                match max {
+                    Some(m) => format!("(/(?:{rx}){{1,{m}}}/)?"),
+                    None => format!("(/(?:{rx})+/)?"),
+                }
+            } else {
+                format!("/(?:{rx}){{{min},{max_s}}}/")
+            };
+        }
+        let lark = items
+            .iter()
+            .map(|p| p.lark.as_str())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let rx = items
+            .iter()
+            .map(|p| p.rx.clone())
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.concat());
+        // The first element's first characters, when it cannot be empty.
+        let first = items[0]
+            .first
+            .clone()
+            .filter(|_| items[0].repeat.as_ref().is_none_or(|&(_, min, _)| min > 0));
+        Ok(Piece {
+            lark,
+            rx,
+            first,
+            repeat: None,
+        })
     }
 
     /// A postfix repetition applied to `atom`, if one follows.
-    fn repetition(&mut self, atom: String) -> Result<String, String> {
-        let out = match self.peek() {
+    fn repetition(&mut self, piece: Piece) -> Result<Piece, String> {
+        let atom = piece.lark.clone();
+        let regular =
+            |min: usize, max: Option<usize>| piece.rx.as_ref().map(|rx| (rx.clone(), min, max));
+        let (out, repeat) = match self.peek() {
             Some(op @ ('*' | '+' | '?')) => {
                 self.pos += 1;
-                format!("({atom}){op}")
+                let repeat = match op {
+                    '*' => regular(0, None),
+                    '+' => regular(1, None),
+                    _ => None,
+                };
+                (format!("({atom}){op}"), repeat)
             }
             Some('{') => {
                 let at = self.pos;
@@ -252,15 +404,28 @@ impl Parser<'_> {
                         }
                     }
                 }
-                if parts.is_empty() {
+                let text = if parts.is_empty() {
                     "\"\"".to_string()
                 } else {
                     format!("({})", parts.join(" "))
-                }
+                };
+                (text, regular(min, max).filter(|_| max != Some(0)))
             }
-            _ => return Ok(atom),
+            _ => return Ok(piece),
         };
-        Ok(out)
+        let rx = piece.rx.as_ref().map(|rx| match &repeat {
+            Some((_, min, max)) => match max {
+                Some(m) => format!("(?:{rx}){{{min},{m}}}"),
+                None => format!("(?:{rx}){{{min},}}"),
+            },
+            None => format!("(?:{rx})?"),
+        });
+        Ok(Piece {
+            lark: out,
+            rx,
+            first: piece.first,
+            repeat,
+        })
     }
 
     /// One character of a literal or class, escapes decoded.
@@ -300,7 +465,7 @@ impl Parser<'_> {
         }
     }
 
-    fn literal(&mut self) -> Result<String, String> {
+    fn literal(&mut self) -> Result<Piece, String> {
         let at = self.pos;
         self.pos += 1;
         let mut s = String::new();
@@ -314,10 +479,15 @@ impl Parser<'_> {
                 _ => s.push(self.char(false)?),
             }
         }
-        Ok(serde_json::to_string(&s).unwrap_or_else(|_| "\"\"".into()))
+        Ok(Piece {
+            lark: serde_json::to_string(&s).unwrap_or_else(|_| "\"\"".into()),
+            rx: Some(s.chars().map(rx_char).collect()),
+            first: s.chars().next().map(|c| vec![(c as u32, c as u32)]),
+            repeat: None,
+        })
     }
 
-    fn class(&mut self) -> Result<String, String> {
+    fn class(&mut self) -> Result<Piece, String> {
         let at = self.pos;
         self.pos += 1;
         let negated = self.peek() == Some('^');
@@ -326,6 +496,7 @@ impl Parser<'_> {
         }
         let mut rx = String::from(if negated { "[^" } else { "[" });
         let mut empty = true;
+        let mut ranges = Vec::new();
         loop {
             match self.peek() {
                 None | Some('\n') => return Err(self.err(at, "unterminated character class")),
@@ -335,6 +506,7 @@ impl Parser<'_> {
                 }
                 _ => {
                     let lo = self.char(true)?;
+                    let mut hi_c = lo;
                     let _ = write!(rx, "\\x{{{:X}}}", lo as u32);
                     if self.peek() == Some('-') && !self.rest()[1..].starts_with(']') {
                         self.pos += 1;
@@ -343,7 +515,9 @@ impl Parser<'_> {
                             return Err(self.err(at, "a character range's end is below its start"));
                         }
                         let _ = write!(rx, "-\\x{{{:X}}}", hi as u32);
+                        hi_c = hi;
                     }
+                    ranges.push((lo as u32, hi_c as u32));
                     empty = false;
                 }
             }
@@ -352,6 +526,12 @@ impl Parser<'_> {
             return Err(self.err(at, "empty character class `[]`"));
         }
         rx.push(']');
-        Ok(format!("/{rx}/"))
+        let ranges = normalize(ranges);
+        Ok(Piece {
+            lark: format!("/{rx}/"),
+            rx: Some(rx),
+            first: Some(if negated { complement(&ranges) } else { ranges }),
+            repeat: None,
+        })
     }
 }
