@@ -52,7 +52,8 @@ pub fn constraint_from_args(
         ("--regex", Constraint::regex(r.clone()))
     } else if let Some(t) = tools {
         let choice = ToolChoice::parse(&a.tool_choice);
-        let Some(c) = tool_call_constraint(t.syntax, &t.functions, &choice, true)
+        // One call per reply: a small model given room for more tends to repeat its call.
+        let Some(c) = tool_call_constraint(t.syntax, &t.functions, &choice, false)
             .map_err(|e| CliError::usage(format!("--tool-choice: {e}")))?
         else {
             return Ok(None);
