@@ -30,10 +30,11 @@ if ! ./scripts/make-quant-models.sh >/dev/null; then
   echo "note: no requantized models (llama-quantize not found?); the quant_reference tests will be skipped" >&2
 fi
 # The server tests (engine/cli/tests/serve_openai.rs) talk to `edge-run serve` with OpenAI's own
-# Python client.
-if ! python3 -c "import openai" 2>/dev/null && ! python3 -m pip install --quiet "openai>=1,<4" >&2; then
-  ci && { echo "error: pip install openai failed (CI=true: the serve client test cannot be skipped)" >&2; exit 1; }
-  echo "note: no openai package; the serve client test will be skipped" >&2
+# Python client; constrained outputs are checked by an independent validator (jsonschema).
+if ! python3 -c "import openai, jsonschema" 2>/dev/null \
+  && ! python3 -m pip install --quiet "openai>=1,<4" "jsonschema>=4,<5" >&2; then
+  ci && { echo "error: pip install openai jsonschema failed (CI=true: the client and validator tests cannot be skipped)" >&2; exit 1; }
+  echo "note: no openai/jsonschema package; the serve client and constrained-output tests will be skipped" >&2
 fi
 run cargo test --release --workspace "$@"
 if [ "${EDGE_RUN_SKIP_CUDA:-0}" != "1" ]; then

@@ -6,7 +6,7 @@
 //! - `trim_blocks` and `lstrip_blocks` on; a single trailing newline of the source dropped;
 //! - undefined values lenient, as jinja2's default `Undefined` (print empty, iterate empty, falsy);
 //! - variables `messages` (a list of `{role, content}` maps), `add_generation_prompt`,
-//!   `bos_token`, `eos_token`;
+//!   `bos_token`, `eos_token`, and `tools` when given ([`ChatTemplate::render_with_tools`]);
 //! - `raise_exception(msg)` fails the render with [`ChatTemplateError::Raised`];
 //! - `strftime_now(fmt)` formats the current UTC time (strftime subset: `%Y %y %m %d %e %H %M %S
 //!   %j %b %B %a %A %%`, and `%-d`-style unpadded forms);
@@ -228,6 +228,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders the conversation with `tools` (OpenAI function-calling tool definitions, a JSON
+    /// array of `{"type": "function", "function": {...}}`) in the template's `tools` variable,
+    /// as transformers' `apply_chat_template(tools=...)` does; `None` leaves it undefined.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -243,6 +255,7 @@ impl ChatTemplate {
                     .collect::<Vec<_>>()
             ),
             add_generation_prompt => add_generation_prompt,
+            tools => tools.map_or(Value::UNDEFINED, json_value),
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
@@ -296,6 +309,23 @@ impl ChatTemplate {
             line: e.line(),
             message: detail(&e),
         }
+    }
+}
+
+/// A JSON value as a template value (objects keep their key order).
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(0.0)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
     }
 }
 

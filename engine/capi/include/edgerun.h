@@ -27,6 +27,18 @@
 // KV cache of q8_0 blocks (47% smaller, slightly different outputs).
 #define EDGERUN_KV_Q8_0 1
 
+// `edgerun_session_set_constraint`: no constraint (clears one).
+#define EDGERUN_CONSTRAINT_NONE 0
+
+// `edgerun_session_set_constraint`: a llama.cpp GBNF grammar.
+#define EDGERUN_CONSTRAINT_GBNF 1
+
+// `edgerun_session_set_constraint`: a JSON Schema (JSON text).
+#define EDGERUN_CONSTRAINT_JSON_SCHEMA 2
+
+// `edgerun_session_set_constraint`: a regular expression the whole output matches.
+#define EDGERUN_CONSTRAINT_REGEX 3
+
 // What a call returns: `EDGERUN_OK` or the kind of failure; the message is in
 // `edgerun_last_error_message`.
 typedef enum edgerun_status {
@@ -313,6 +325,22 @@ struct edgerun_sampling_params edgerun_sampling_params_default(void);
 // The default generation: at most 256 tokens, the default sampler, stop at end of generation,
 // no control-token text.
 struct edgerun_generate_params edgerun_generate_params_default(void);
+
+// Sets the constraint every later `edgerun_generate` on `session` applies: `kind` is
+// `EDGERUN_CONSTRAINT_GBNF` (a llama.cpp grammar), `EDGERUN_CONSTRAINT_JSON_SCHEMA` (JSON
+// text) or `EDGERUN_CONSTRAINT_REGEX`, and `source` its NUL-terminated UTF-8 text;
+// `EDGERUN_CONSTRAINT_NONE` (with `source` NULL or anything) removes it. The constraint is
+// compiled here: a grammar that does not parse or a schema keyword that is not supported fails
+// with `EDGERUN_ERR_INVALID_ARGUMENT` (the message names the problem) and leaves the session's
+// constraint as it was. Under a constraint the output follows it token by token and ends only
+// where it accepts.
+//
+// # Safety
+// `session` is NULL or a live session handle used by no other thread during the call;
+// `source` is NULL or a NUL-terminated string.
+enum edgerun_status edgerun_session_set_constraint(struct edgerun_session *session,
+                                                   uint32_t kind,
+                                                   const char *source);
 
 // Prefills `prompt` (`n_prompt` tokens, appended to the context; 0 continues from the last
 // logits) and generates until `max_tokens`, an end-of-generation token, a full context, or

@@ -502,7 +502,56 @@ fn options_from(p: &edgerun_generate_params) -> GenerateOptions {
         },
         stop_at_eog: p.stop_at_eog,
         render_special: p.render_special,
+        constraint: None,
     }
+}
+
+/// Sets the constraint every later `edgerun_generate` on `session` applies: `kind` is
+/// `EDGERUN_CONSTRAINT_GBNF` (a llama.cpp grammar), `EDGERUN_CONSTRAINT_JSON_SCHEMA` (JSON
+/// text) or `EDGERUN_CONSTRAINT_REGEX`, and `source` its NUL-terminated UTF-8 text;
+/// `EDGERUN_CONSTRAINT_NONE` (with `source` NULL or anything) removes it. The constraint is
+/// compiled here: a grammar that does not parse or a schema keyword that is not supported fails
+/// with `EDGERUN_ERR_INVALID_ARGUMENT` (the message names the problem) and leaves the session's
+/// constraint as it was. Under a constraint the output follows it token by token and ends only
+/// where it accepts.
+///
+/// # Safety
+/// `session` is NULL or a live session handle used by no other thread during the call;
+/// `source` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn edgerun_session_set_constraint(
+    session: *mut edgerun_session,
+    kind: u32,
+    source: *const c_char,
+) -> edgerun_status {
+    use edge_engine::constrain::Constraint;
+    guard("edgerun_session_set_constraint", || {
+        // SAFETY: the caller's promise about `session`.
+        let mut s = unsafe { session_lock(session)? };
+        let make: fn(String) -> Constraint = match kind {
+            EDGERUN_CONSTRAINT_NONE => {
+                s.constraint = None;
+                return Ok(());
+            }
+            EDGERUN_CONSTRAINT_GBNF => Constraint::gbnf,
+            EDGERUN_CONSTRAINT_JSON_SCHEMA => Constraint::json_schema,
+            EDGERUN_CONSTRAINT_REGEX => Constraint::regex,
+            k => {
+                return Err(Failure::invalid(format!(
+                    "constraint kind {k} is unknown: use EDGERUN_CONSTRAINT_NONE, _GBNF, _JSON_SCHEMA or _REGEX"
+                )))
+            }
+        };
+        // SAFETY: NULL or NUL-terminated (the caller's promise).
+        let text = unsafe { utf8(source, "source")? };
+        let c = make(text.to_string());
+        s.session
+            .model()
+            .check_constraint(&c)
+            .map_err(|e| Failure::invalid(e.to_string()))?;
+        s.constraint = Some(c);
+        Ok(())
+    })
 }
 
 /// Prefills `prompt` (`n_prompt` tokens, appended to the context; 0 continues from the last
@@ -603,12 +652,17 @@ unsafe fn generate_impl(
                 params.as_ref(),
             )
         };
-        let options = options_from(
+        let mut options = options_from(
             &p.copied()
                 .unwrap_or_else(|| edgerun_generate_params_default()),
         );
         let mut s = s;
-        let SessionState { session, text } = &mut *s;
+        let SessionState {
+            session,
+            text,
+            constraint,
+        } = &mut *s;
+        options.constraint = constraint.clone();
         let on_event = |event: edge_engine::generate::GenerateEvent<'_>| {
             let Some(cb) = callback else {
                 return ControlFlow::Continue(());

@@ -64,6 +64,15 @@ pub const EDGERUN_KV_F16: u32 = 0;
 /// KV cache of q8_0 blocks (47% smaller, slightly different outputs).
 pub const EDGERUN_KV_Q8_0: u32 = 1;
 
+/// `edgerun_session_set_constraint`: no constraint (clears one).
+pub const EDGERUN_CONSTRAINT_NONE: u32 = 0;
+/// `edgerun_session_set_constraint`: a llama.cpp GBNF grammar.
+pub const EDGERUN_CONSTRAINT_GBNF: u32 = 1;
+/// `edgerun_session_set_constraint`: a JSON Schema (JSON text).
+pub const EDGERUN_CONSTRAINT_JSON_SCHEMA: u32 = 2;
+/// `edgerun_session_set_constraint`: a regular expression the whole output matches.
+pub const EDGERUN_CONSTRAINT_REGEX: u32 = 3;
+
 /// A loaded model (opaque). Thread-safe: any number of sessions on any threads may share it.
 pub struct edgerun_model {
     pub(crate) model: Arc<Model>,
@@ -84,6 +93,8 @@ pub(crate) struct SessionState {
     pub(crate) session: Session,
     /// The text handed to the callback, NUL-terminated; reused so a token allocates nothing.
     pub(crate) text: Vec<u8>,
+    /// The constraint `edgerun_generate` applies (`edgerun_session_set_constraint`).
+    pub(crate) constraint: Option<edge_engine::constrain::Constraint>,
 }
 
 impl edgerun_session {
@@ -93,6 +104,7 @@ impl edgerun_session {
             inner: UnsafeCell::new(SessionState {
                 session,
                 text: Vec::with_capacity(1024),
+                constraint: None,
             }),
         }
     }

@@ -648,3 +648,120 @@ fn the_c_api_reports_broken_weights_and_changed_files() {
         edgerun_model_free(model);
     }
 }
+
+#[test]
+fn a_session_constraint_shapes_every_generation_and_bad_ones_are_refused() {
+    use edgerun_status::*;
+    let path = c_path(&smollm2_path());
+    let schema = std::ffi::CString::new(
+        r#"{"type": "object", "properties": {"action": {"enum": ["move", "stop"]}, "speed": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["action", "speed"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let bad_schema = std::ffi::CString::new(r#"{"not": {"type": "string"}}"#).unwrap();
+    let bad_grammar = std::ffi::CString::new("root ::= undefined-rule").unwrap();
+    let prompt =
+        std::ffi::CString::new("<|im_start|>user\nMove slowly.<|im_end|>\n<|im_start|>assistant\n")
+            .unwrap();
+    // SAFETY (all calls below): every pointer is NULL, a live local or buffer of the size
+    // passed, or a live handle; handles are freed once, at the end.
+    unsafe {
+        let mut model = std::ptr::null_mut();
+        assert_eq!(edgerun_model_load(path.as_ptr(), &mut model), EDGERUN_OK);
+        let mut params = edgerun_session_params_default();
+        params.n_ctx = 256;
+        params.n_threads = 1;
+        let mut session = std::ptr::null_mut();
+        assert_eq!(
+            edgerun_session_new(model, &params, &mut session),
+            EDGERUN_OK
+        );
+        let mut tokens = [0u32; 64];
+        let mut n = 0usize;
+        assert_eq!(
+            edgerun_tokenize(
+                model,
+                prompt.as_ptr(),
+                true,
+                true,
+                tokens.as_mut_ptr(),
+                64,
+                &mut n
+            ),
+            EDGERUN_OK
+        );
+        // Refused, with the problem named; the session keeps no constraint.
+        assert_eq!(
+            edgerun_session_set_constraint(
+                session,
+                EDGERUN_CONSTRAINT_JSON_SCHEMA,
+                bad_schema.as_ptr()
+            ),
+            EDGERUN_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("not"), "{}", last_error());
+        assert_eq!(
+            edgerun_session_set_constraint(session, EDGERUN_CONSTRAINT_GBNF, bad_grammar.as_ptr()),
+            EDGERUN_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("undefined-rule"), "{}", last_error());
+        assert_eq!(
+            edgerun_session_set_constraint(session, 9, schema.as_ptr()),
+            EDGERUN_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            edgerun_session_set_constraint(
+                session,
+                EDGERUN_CONSTRAINT_JSON_SCHEMA,
+                schema.as_ptr()
+            ),
+            EDGERUN_OK
+        );
+        let mut gp = edgerun_generate_params_default();
+        gp.max_tokens = 64;
+        for (temperature, seed) in [(0.0, 42), (0.8, 1), (1.5, 2)] {
+            gp.sampling.temperature = temperature;
+            gp.sampling.seed = seed;
+            let mut c = Collect {
+                tokens: Vec::new(),
+                text: String::new(),
+                stop_after: usize::MAX,
+            };
+            let mut result = std::mem::zeroed::<edgerun_generate_result>();
+            assert_eq!(edgerun_session_reset(session), EDGERUN_OK);
+            assert_eq!(
+                edgerun_generate(
+                    session,
+                    tokens.as_ptr(),
+                    n,
+                    &gp,
+                    Some(collect),
+                    (&mut c as *mut Collect).cast(),
+                    &mut result
+                ),
+                EDGERUN_OK
+            );
+            assert_eq!(
+                result.stop_reason,
+                edgerun_stop_reason::EDGERUN_STOP_END_OF_GENERATION,
+                "{:?}",
+                c.text
+            );
+            // Checked by hand against the schema, not by the library that made it.
+            let v: serde_json::Value = serde_json::from_str(&c.text).expect(&c.text);
+            let obj = v.as_object().expect("an object");
+            assert_eq!(obj.len(), 2, "{v}");
+            assert!(
+                ["move", "stop"].contains(&obj["action"].as_str().unwrap()),
+                "{v}"
+            );
+            assert!((1..=9).contains(&obj["speed"].as_i64().unwrap()), "{v}");
+        }
+        // Cleared.
+        assert_eq!(
+            edgerun_session_set_constraint(session, EDGERUN_CONSTRAINT_NONE, std::ptr::null()),
+            EDGERUN_OK
+        );
+        edgerun_session_free(session);
+        edgerun_model_free(model);
+    }
+}

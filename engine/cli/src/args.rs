@@ -191,6 +191,43 @@ pub struct GenerateArgs {
     /// With --prompt-cache: use the file but never write it.
     #[arg(long = "prompt-cache-ro")]
     pub prompt_cache_ro: bool,
+    /// Constrain the output to a llama.cpp GBNF grammar (its text; `root` is the output).
+    #[arg(long = "grammar", value_name = "GRAMMAR", allow_hyphen_values = true,
+          conflicts_with_all = ["grammar_file", "json_schema", "json_schema_file", "regex", "tools"])]
+    pub grammar: Option<String>,
+    /// Constrain the output to the GBNF grammar in FILE (e.g. llama.cpp's grammars/json.gbnf).
+    #[arg(long = "grammar-file", value_name = "FILE",
+          conflicts_with_all = ["json_schema", "json_schema_file", "regex", "tools"])]
+    pub grammar_file: Option<PathBuf>,
+    /// Constrain the output to one JSON value valid for this JSON Schema, e.g.
+    /// '{"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}'.
+    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA", allow_hyphen_values = true,
+          conflicts_with_all = ["json_schema_file", "regex", "tools"])]
+    pub json_schema: Option<String>,
+    /// Constrain the output to the JSON Schema in FILE.
+    #[arg(long = "json-schema-file", value_name = "FILE", conflicts_with_all = ["regex", "tools"])]
+    pub json_schema_file: Option<PathBuf>,
+    /// Constrain the output to match a regular expression (Rust regex syntax), as a whole.
+    #[arg(
+        long = "regex",
+        value_name = "PATTERN",
+        allow_hyphen_values = true,
+        conflicts_with = "tools"
+    )]
+    pub regex: Option<String>,
+    /// With --chat: the tools the model may call, a JSON file in OpenAI's format ([{"type":
+    /// "function", "function": {"name", "description", "parameters"}}]); prints one JSON object
+    /// {"content", "tool_calls"} instead of the text.
+    #[arg(long = "tools", value_name = "FILE")]
+    pub tools: Option<PathBuf>,
+    /// With --tools: auto (text or calls; a started call is constrained), required (a call
+    /// valid for one of the tools), none, or a function's name (a call of it).
+    #[arg(long = "tool-choice", value_name = "CHOICE", default_value = "auto")]
+    pub tool_choice: String,
+    /// With --chat: use the Jinja chat template in FILE instead of the model's
+    /// tokenizer.chat_template (e.g. one with a tool-call syntax).
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
     /// More logging on stderr (-v info: memory plan, timings; -vv debug). RUST_LOG overrides.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,

@@ -75,6 +75,7 @@ pub fn chat(a: ChatArgs) -> CliResult<u8> {
             stop_at_eog: true,
             // As the one-shot `--chat`: control tokens the model writes are shown.
             render_special: true,
+            constraint: None,
         },
         interrupted,
     };

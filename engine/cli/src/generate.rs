@@ -3,7 +3,6 @@
 //! as the C API's does; the text streams to stdout and a timing summary ends on stderr.
 
 use std::io::Write;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +15,7 @@ use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 use edge_tokenizers::Tokenizer;
 
 use crate::args::GenerateArgs;
+use crate::constrain::{constraint_from_args, tool_calls_json, tools_from_args};
 use crate::errors::{hint, hint_text, load_model, refuse_encoder, CliError, CliResult};
 use crate::output::read_text;
 use crate::session::open_session;
@@ -64,12 +64,37 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
     a.session.check_ctx(&model)?;
     let n_ctx_train = model.params.n_ctx_train;
     let tok = &model.tokenizer;
+    // --chat-template-file replaces the model's template; --tools needs one with a syntax.
+    let template_source = match &a.chat_template_file {
+        Some(f) if !a.chat => {
+            return Err(CliError::usage(format!(
+                "--chat-template-file {} only applies to chat: add --chat",
+                f.display()
+            )))
+        }
+        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| {
+            CliError::usage(format!(
+                "--chat-template-file: cannot read {}: {e}",
+                f.display()
+            ))
+        })?),
+        None => model.chat_template.clone(),
+    };
+    let tools = tools_from_args(&a, template_source.as_deref().unwrap_or(""))?;
     // With --chat --system, the text of the system message alone: kept by --ctx-shift.
     let (text, system_text) = if a.chat {
-        chat_prompt(&path, &model, a.system.as_deref(), prompt)?
+        let source = template_source.as_deref().ok_or_else(|| {
+            format!(
+                "--chat: {} has no tokenizer.chat_template; run without --chat and format the prompt yourself",
+                path.display()
+            )
+        })?;
+        let tools_value = tools.as_ref().map(|t| &t.value);
+        chat_prompt(&model, source, tools_value, a.system.as_deref(), prompt)?
     } else {
         (prompt, None)
     };
+    let constraint = constraint_from_args(&a, &model, tools.as_ref())?;
     let ids = tok
         .encode(&text, tok.add_bos(), true)
         .map_err(|e| format!("tokenizing the prompt: {e}"))?;
@@ -124,7 +149,10 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
         stop_at_eog: true,
         // Control tokens the model writes are shown, as llama.cpp's completion tool does.
         render_special: true,
+        constraint,
     };
+    // With --tools the output is one JSON object printed at the end.
+    let mut tool_output = tools.as_ref().map(|_| String::new());
     let interrupted = interrupt_flag()?;
     // A long prompt stops between its chunks on the first Ctrl-C, too.
     session.set_interrupt(Arc::clone(&interrupted));
@@ -162,6 +190,10 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
     let t_gen = Instant::now();
     while let Some(token) = gen.next() {
         token?;
+        if let Some(out) = &mut tool_output {
+            out.push_str(gen.text());
+            continue;
+        }
         stdout.write_all(gen.text().as_bytes()).map_err(write_err)?;
         stdout.flush().map_err(write_err)?;
         if interrupted.load(Ordering::Relaxed) {
@@ -169,6 +201,11 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
         }
     }
     // Bytes of a character the last token left incomplete.
+    if let (Some(out), Some(t)) = (&mut tool_output, &tools) {
+        out.push_str(gen.text());
+        let line = tool_calls_json(t, out)?;
+        writeln!(stdout, "{line}").map_err(write_err)?;
+    }
     stdout.write_all(gen.text().as_bytes()).map_err(write_err)?;
     stdout.flush().map_err(write_err)?;
     let done = gen.result();
@@ -235,18 +272,13 @@ fn read_prompt(a: &GenerateArgs) -> CliResult<String> {
 /// `prompt` as a user message through the model's chat template (after `system`, if given),
 /// and the rendering of the system message alone (what `--ctx-shift` keeps by default).
 fn chat_prompt(
-    path: &Path,
     model: &edge_engine::model::Model,
+    source: &str,
+    tools: Option<&serde_json::Value>,
     system: Option<&str>,
     prompt: String,
 ) -> CliResult<(String, Option<String>)> {
     let tok = &model.tokenizer;
-    let source = model.chat_template.as_deref().ok_or_else(|| {
-        format!(
-            "--chat: {} has no tokenizer.chat_template; run without --chat and format the prompt yourself",
-            path.display()
-        )
-    })?;
     let piece =
         |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i)).into_owned());
     let template = ChatTemplate::new(
@@ -263,7 +295,7 @@ fn chat_prompt(
     }
     messages.push(ChatMessage::new("user", prompt));
     let text = template
-        .render(&messages, true)
+        .render_with_tools(&messages, tools, true)
         .map_err(|e| format!("--chat: the model's chat template: {e}"))?;
     Ok((text, system_text))
 }

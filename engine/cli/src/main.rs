@@ -15,6 +15,7 @@
 mod args;
 mod bench;
 mod chat;
+mod constrain;
 mod embed;
 mod errors;
 mod generate;

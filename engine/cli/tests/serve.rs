@@ -197,8 +197,20 @@ fn bad_requests_get_openai_errors_naming_the_field() {
             "tools",
         ),
         (
-            json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}),
-            "response_format",
+            json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}),
+            "response_format.type",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "grammar": "root ::= ("}),
+            "grammar",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "grammar": "root ::= \"a\"", "json_schema": {}}),
+            "json_schema",
         ),
     ] {
         let e = api_error(&srv.post(chat, &body), 400);

@@ -71,6 +71,66 @@ a = client.chat.completions.create(model=model, messages=messages, temperature=0
 b = client.chat.completions.create(model=model, messages=messages, temperature=0.9, seed=7, max_tokens=16)
 check(a.choices[0].message.content == b.choices[0].message.content, "the same seed gives the same text")
 
+# Constrained output: response_format json_schema and json_object, checked by an independent
+# validator (jsonschema), greedy and sampled; a bad schema is a 400 naming the field.
+import json as _json
+import jsonschema
+
+ROBOT = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["move", "stop", "turn"]},
+        "x": {"type": "number", "minimum": -1, "maximum": 1},
+        "speed": {"type": "integer", "minimum": 0, "maximum": 10},
+    },
+    "required": ["action", "x"],
+    "additionalProperties": False,
+}
+cmd = [{"role": "user", "content": "Give the robot a command to move a little to the left, as JSON."}]
+for temp, seed in ((0, 1), (0.9, 3), (0.9, 4)):
+    r = client.chat.completions.create(
+        model=model, messages=cmd, temperature=temp, seed=seed, max_tokens=96,
+        response_format={"type": "json_schema", "json_schema": {"name": "robot", "schema": ROBOT}},
+    )
+    out = r.choices[0].message.content
+    try:
+        jsonschema.validate(_json.loads(out), ROBOT)
+        ok = True
+    except Exception as e:  # noqa: BLE001 - any failure is the test failing
+        ok = False
+        print(e, file=sys.stderr)
+    check(ok, f"response_format json_schema (temperature {temp}) gives valid JSON: {out!r}")
+r = client.chat.completions.create(
+    model=model, messages=cmd, temperature=0, max_tokens=96, response_format={"type": "json_object"},
+)
+try:
+    ok = isinstance(_json.loads(r.choices[0].message.content), dict)
+except ValueError:
+    ok = False
+check(ok, f"response_format json_object gives a JSON object: {r.choices[0].message.content!r}")
+parts = []
+for chunk in client.chat.completions.create(
+    model=model, messages=cmd, temperature=0, max_tokens=96, stream=True,
+    response_format={"type": "json_schema", "json_schema": {"name": "robot", "schema": ROBOT}},
+):
+    for c in chunk.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+try:
+    jsonschema.validate(_json.loads("".join(parts)), ROBOT)
+    ok = True
+except Exception:  # noqa: BLE001
+    ok = False
+check(ok, f"streamed response_format json_schema gives valid JSON: {''.join(parts)!r}")
+try:
+    client.chat.completions.create(
+        model=model, messages=cmd, max_tokens=8,
+        response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "objekt"}}},
+    )
+    check(False, "a bad schema is refused")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "response_format" in str(e), "bad schema -> BadRequestError naming response_format")
+
 # Errors come back as the client's exception classes.
 try:
     client.chat.completions.create(model=model, messages=messages, temperature="hot")

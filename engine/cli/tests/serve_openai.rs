@@ -45,10 +45,13 @@ const TEXTS: [&str; 2] = [
 fn the_openai_python_client_works_unchanged() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai.py");
     let probe = Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", "import openai, jsonschema"])
         .output();
     if !probe.is_ok_and(|o| o.status.success()) {
-        return edge_tests::missing("python3 with the openai package", "pip install openai");
+        return edge_tests::missing(
+            "python3 with the openai and jsonschema packages",
+            "pip install openai jsonschema",
+        );
     }
     let srv = Server::start(&[
         "-t",

@@ -34,6 +34,7 @@
 
 use std::ops::ControlFlow;
 
+use crate::constrain::{Constraint, Guide};
 use crate::error::{EngineError, Result};
 use crate::sampling::{Sampler, SamplerConfig};
 use crate::session::Session;
@@ -60,6 +61,11 @@ pub struct GenerateOptions {
     /// Stream the text of control tokens (`<|im_start|>`) too; by default they add no text, as
     /// llama.cpp's detokenizer does.
     pub render_special: bool,
+    /// A grammar, JSON schema or regex the output must follow (see [`crate::constrain`]): the
+    /// logits are masked before sampling, forced tokens skip it, and generation ends (with
+    /// [`StopReason::EndOfGeneration`]) only where the constraint accepts, or when it admits
+    /// nothing more. `None`: unconstrained.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for GenerateOptions {
@@ -70,6 +76,7 @@ impl Default for GenerateOptions {
             sampling: SamplerConfig::default(),
             stop_at_eog: true,
             render_special: false,
+            constraint: None,
         }
     }
 }
@@ -138,7 +145,8 @@ impl Session {
     /// that does not fit the context, an out-of-vocabulary id, bad sampler settings) are
     /// returned before anything is generated; a full context during generation is a stop
     /// reason, not an error. Each call starts a fresh sampler from `options` (so a seed
-    /// reproduces its tokens); the repetition penalty sees this call's prompt and output.
+    /// reproduces its tokens); the repetition penalty sees this call's prompt and output. A
+    /// constraint that does not compile is an error before anything runs.
     pub fn generate<F>(
         &mut self,
         prompt: &[u32],
@@ -261,6 +269,10 @@ impl Session {
         options: &GenerateOptions,
     ) -> Result<Generator<'_>> {
         options.sampling.validate()?;
+        let mut guide = match &options.constraint {
+            Some(c) => Some(Guide::new(self.model().constraint_vocab()?, c)?),
+            None => None,
+        };
         let n_vocab = self.model().params.n_vocab;
         let mut sampler = Sampler::new(options.sampling.clone(), n_vocab);
         // The repetition penalty looks at the prompt too, as llama.cpp's does.
@@ -293,11 +305,12 @@ impl Session {
                 prefill(self)?;
             }
             // On a GPU the sampling runs there when the settings allow (Session::sample).
-            Some(self.sample(&mut sampler)?)
+            Some(pick(self, &mut sampler, guide.as_mut())?)
         };
         Ok(Generator {
             session: self,
             sampler,
+            guide,
             stream: StreamDecoder::new(),
             options: options.clone(),
             next,
@@ -334,12 +347,23 @@ where
     Ok(g.result())
 }
 
+/// The next token from the session's logits: under an active constraint, masked on the host;
+/// otherwise as [`Session::sample`] picks it (on a GPU without copying the logits).
+fn pick(session: &mut Session, sampler: &mut Sampler, guide: Option<&mut Guide>) -> Result<u32> {
+    match guide {
+        Some(g) if g.is_active() => session.sample_guided(sampler, g),
+        _ => session.sample(sampler),
+    }
+}
+
 /// Generation as an iterator of token ids (made by [`Session::generator`]), each token sampled
 /// from the logits of the one before and fed back into the session when the next is asked for.
 /// After `next` returns `None`, [`Generator::result`] says why.
 pub struct Generator<'s> {
     session: &'s mut Session,
     sampler: Sampler,
+    /// The constraint being applied, if any.
+    guide: Option<Guide>,
     stream: StreamDecoder,
     options: GenerateOptions,
     /// The sampled token to emit next (not yet in the KV cache).
@@ -405,6 +429,14 @@ impl Generator<'_> {
             return;
         }
         self.stop = Some(reason);
+        if let Some(g) = &self.guide {
+            let (n, busy) = g.stats();
+            log::info!(
+                "constraint: {n} masks over {} tokens, {:.1} µs per token in the constraint",
+                self.n_tokens,
+                busy.as_secs_f64() * 1e6 / self.n_tokens.max(1) as f64
+            );
+        }
         self.text.clear();
         if let Some(rest) = self.stream.flush() {
             self.text.push_str(rest);
@@ -431,7 +463,7 @@ impl Iterator for Generator<'_> {
             match self
                 .session
                 .advance(&[prev])
-                .and_then(|()| self.session.sample(&mut self.sampler))
+                .and_then(|()| pick(self.session, &mut self.sampler, self.guide.as_mut()))
             {
                 Ok(token) => self.next = Some(token),
                 // Checked before anything runs: the session is as it was, minus nothing.
@@ -447,6 +479,28 @@ impl Iterator for Generator<'_> {
         }
         let token = self.next?;
         let model = self.session.model();
+        if let Some(guide) = &mut self.guide {
+            // Under an active constraint an end-of-generation token was allowed only where the
+            // constraint accepts: it ends generation whatever `stop_at_eog` says.
+            if guide.is_active() && guide.is_eog(token) {
+                self.finish(StopReason::EndOfGeneration(token));
+                return None;
+            }
+            if !(self.options.stop_at_eog && model.is_eog(token)) {
+                let accepted = model.constraint_vocab().and_then(|vocab| {
+                    guide.accept(
+                        vocab,
+                        token,
+                        model.token_piece(token, true),
+                        model.tokenizer.is_control(token),
+                    )
+                });
+                if let Err(e) = accepted {
+                    self.failed = true;
+                    return Some(Err(e.into()));
+                }
+            }
+        }
         if self.options.stop_at_eog && model.is_eog(token) {
             self.finish(StopReason::EndOfGeneration(token));
             return None;

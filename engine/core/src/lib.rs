@@ -68,6 +68,7 @@
 pub mod arch;
 pub mod backend;
 pub mod bandwidth;
+pub mod constrain;
 pub mod device;
 pub mod embed;
 pub mod error;

@@ -336,3 +336,21 @@ fn memory_hostile_templates_fail_within_bounds() {
         assert!(stdout.contains("error: chat template"), "{src}: {stdout}");
     }
 }
+
+#[test]
+fn tools_reach_the_template_as_python_would_dump_them() {
+    // Expected text: Python's `json.dumps(tool, ensure_ascii=False)` of the same tool, which
+    // is what transformers' `tojson` gives the template.
+    let src = "{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% else %}no tools{% endif %}";
+    let t = ChatTemplate::new(src, "", "").unwrap();
+    let tools: serde_json::Value = serde_json::from_str(
+        r#"[{"type": "function", "function": {"name": "move", "parameters": {"type": "object", "properties": {"x": {"type": "number", "minimum": -5}}, "required": ["x"]}}}]"#,
+    )
+    .unwrap();
+    let out = t.render_with_tools(&[], Some(&tools), false).unwrap();
+    assert_eq!(
+        out,
+        "{\"type\": \"function\", \"function\": {\"name\": \"move\", \"parameters\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\", \"minimum\": -5}}, \"required\": [\"x\"]}}}\n"
+    );
+    assert_eq!(t.render_with_tools(&[], None, false).unwrap(), "no tools");
+}

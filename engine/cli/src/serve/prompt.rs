@@ -41,6 +41,18 @@ impl Prompter {
         Prompter { model, template }
     }
 
+    /// Compiles `constraint` against the model's vocabulary, so that a bad schema or grammar
+    /// is a 400 naming the field before the request is queued.
+    pub fn check_constraint(
+        &self,
+        constraint: &edge_engine::constrain::Constraint,
+        param: &str,
+    ) -> Result<(), ApiError> {
+        self.model
+            .check_constraint(constraint)
+            .map_err(|e| ApiError::field(param, e.to_string()))
+    }
+
     /// The prompt's tokens.
     pub fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
         let (text, param) = match prompt {

@@ -1,8 +1,10 @@
 //! Request bodies: JSON parsed and every field checked, so that a bad one is a 400 naming it
 //! rather than a surprise later. Fields OpenAI's clients send that change nothing here
 //! (`user`, `frequency_penalty: 0`, ...) are accepted; those that would change the output in a
-//! way this server cannot honour (`tools`, `logprobs`, `n > 1`) are refused by name.
+//! way this server cannot honour (`tools`, `logprobs`, `n > 1`) are refused by name. An output
+//! constraint (`response_format`, `grammar`) becomes a [`Constraint`] for the engine's sampler.
 
+use edge_engine::constrain::Constraint;
 use edge_engine::sampling::SamplerConfig;
 use edge_tokenizers::chat::ChatMessage;
 use serde_json::{Map, Value};
@@ -39,6 +41,10 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Generate past end-of-generation tokens (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
+    /// What the output must follow (`response_format`, or llama-server's `grammar` /
+    /// `json_schema`), with the field it came from; compiled against the model before the
+    /// request is queued.
+    pub constraint: Option<(Constraint, &'static str)>,
 }
 
 /// Parses a JSON body into an object, or the 400 that says why it is not one.
@@ -106,27 +112,11 @@ fn opt_int(o: &Map<String, Value>, name: &str, lo: u64, hi: u64) -> Result<Optio
 
 /// Fields that would change the answer in ways not supported yet: refused by name.
 fn refuse_unsupported(o: &Map<String, Value>) -> Result<(), ApiError> {
-    for name in [
-        "tools",
-        "tool_choice",
-        "functions",
-        "function_call",
-        "grammar",
-        "json_schema",
-    ] {
+    for name in ["tools", "tool_choice", "functions", "function_call"] {
         if get(o, name).is_some() {
             return Err(ApiError::field(
                 name,
-                "not supported yet by edge-run serve (constrained decoding is coming); leave it out",
-            ));
-        }
-    }
-    if let Some(rf) = get(o, "response_format") {
-        let plain = rf.get("type").and_then(Value::as_str) == Some("text");
-        if !plain {
-            return Err(ApiError::field(
-                "response_format",
-                "not supported yet by edge-run serve (only {\"type\": \"text\"}); leave it out",
+                "tool calls are not supported yet by edge-run serve (the command line's --tools is); leave it out, or constrain the answer with response_format",
             ));
         }
     }
@@ -372,7 +362,71 @@ pub fn parse_generation(body: &[u8], chat: bool) -> Result<GenRequest, ApiError>
         sampling,
         stop: stop_strings(&o)?,
         ignore_eos: opt_bool(&o, "ignore_eos")?.unwrap_or(false),
+        constraint: constraint(&o)?,
     })
+}
+
+/// The output constraint a request asks for: OpenAI's `response_format` (`text`,
+/// `json_object`, `json_schema` with its `schema`), or llama-server's `grammar` (GBNF text) and
+/// `json_schema` (a schema object); at most one of them.
+fn constraint(o: &Map<String, Value>) -> Result<Option<(Constraint, &'static str)>, ApiError> {
+    let mut found: Vec<(Constraint, &'static str)> = Vec::new();
+    if let Some(rf) = get(o, "response_format") {
+        let Value::Object(rf) = rf else {
+            return Err(ApiError::field("response_format", "must be an object"));
+        };
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push((Constraint::json_object(), "response_format")),
+            Some("json_schema") => {
+                let schema = rf
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .filter(|s| s.is_object() || s.is_boolean())
+                    .ok_or_else(|| {
+                        ApiError::field(
+                            "response_format.json_schema.schema",
+                            "must be a JSON Schema object ({\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}})",
+                        )
+                    })?;
+                found.push((
+                    Constraint::json_schema(schema.to_string()),
+                    "response_format.json_schema.schema",
+                ));
+            }
+            _ => {
+                return Err(ApiError::field(
+                    "response_format.type",
+                    "must be \"text\", \"json_object\" or \"json_schema\"",
+                ))
+            }
+        }
+    }
+    if let Some(g) = get(o, "grammar") {
+        let g = g
+            .as_str()
+            .ok_or_else(|| ApiError::field("grammar", "must be a string (a GBNF grammar)"))?;
+        found.push((Constraint::gbnf(g), "grammar"));
+    }
+    if let Some(s) = get(o, "json_schema") {
+        if !(s.is_object() || s.is_boolean()) {
+            return Err(ApiError::field(
+                "json_schema",
+                "must be a JSON Schema object",
+            ));
+        }
+        found.push((Constraint::json_schema(s.to_string()), "json_schema"));
+    }
+    if found.len() > 1 {
+        return Err(ApiError::field(
+            found[1].1,
+            format!(
+                "give one constraint, not both {} and {}",
+                found[0].1, found[1].1
+            ),
+        ));
+    }
+    Ok(found.pop())
 }
 
 /// Parses and checks a `/v1/embeddings` body: the texts (`input`: a string or an array of

@@ -193,11 +193,18 @@ async fn generate(
     };
     let st2 = Arc::clone(st);
     let prompt = req.prompt.clone();
-    let tokens =
-        tokio::task::spawn_blocking(move || st2.prompter.as_ref().map(|p| p.tokens(&prompt)))
-            .await
-            .map_err(|_| ApiError::internal("tokenizing the prompt failed"))?
-            .ok_or_else(|| ApiError::internal("no prompter"))??;
+    let constraint = req.constraint.clone();
+    let tokens = tokio::task::spawn_blocking(move || {
+        st2.prompter.as_ref().map(|p| {
+            if let Some((c, param)) = &constraint {
+                p.check_constraint(c, param)?;
+            }
+            p.tokens(&prompt)
+        })
+    })
+    .await
+    .map_err(|_| ApiError::internal("tokenizing the prompt failed"))?
+    .ok_or_else(|| ApiError::internal("no prompter"))??;
     if tokens.len() >= st.ctx {
         return Err(ApiError {
             param: Some(if chat { "messages" } else { "prompt" }.into()),
@@ -218,6 +225,7 @@ async fn generate(
         sampling: req.sampling.clone(),
         stop_at_eog: !req.ignore_eos,
         render_special: false,
+        constraint: req.constraint.as_ref().map(|(c, _)| c.clone()),
     };
     let (tx, mut rx) = mpsc::channel(EVENT_BUFFER);
     let cancel = Arc::new(AtomicBool::new(false));

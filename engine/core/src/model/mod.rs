@@ -12,6 +12,7 @@ use edge_gguf::Gguf;
 use edge_tokenizers::Tokenizer;
 
 use crate::arch::{self, Layout};
+use crate::constrain::{Constraint, ConstraintError, ConstraintVocab};
 use crate::error::{EngineError, Hint, Result, Setting};
 use crate::graph::{Graph, WeightId};
 use crate::hint;
@@ -33,6 +34,9 @@ pub struct Model {
     pub chat_template: Option<String>,
     /// Heap the loaded model holds besides its mapped weights (see [`Model::runtime_bytes`]).
     runtime_bytes: u64,
+    /// The token trie for constrained decoding, built on first use
+    /// ([`Model::constraint_vocab`]).
+    pub(crate) constraint_vocab: std::sync::OnceLock<ConstraintVocab>,
 }
 
 /// Anonymous (heap and stack) resident bytes of this process, where the OS says (Linux).
@@ -136,6 +140,7 @@ impl Model {
             layout,
             tokenizer,
             chat_template,
+            constraint_vocab: std::sync::OnceLock::new(),
         })
     }
 
@@ -247,3 +252,21 @@ const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Model>();
 };
+
+impl Model {
+    /// The vocabulary prepared for constrained decoding: built on first use (tens of
+    /// milliseconds), then shared.
+    pub fn constraint_vocab(&self) -> Result<&ConstraintVocab, ConstraintError> {
+        if let Some(v) = self.constraint_vocab.get() {
+            return Ok(v);
+        }
+        let v = ConstraintVocab::new(&self.tokenizer, self.params.n_vocab)?;
+        Ok(self.constraint_vocab.get_or_init(|| v))
+    }
+
+    /// Compiles `constraint` against this model's vocabulary without generating: a bad grammar,
+    /// an invalid regex or an unsupported schema keyword is reported here, with its name.
+    pub fn check_constraint(&self, constraint: &Constraint) -> Result<(), ConstraintError> {
+        self.constraint_vocab()?.compile(constraint).map(|_| ())
+    }
+}

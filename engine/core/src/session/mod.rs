@@ -399,6 +399,24 @@ impl Session {
         Ok(token)
     }
 
+    /// [`Session::sample`] under a constraint: the logits (copied to the host on a GPU) masked
+    /// by `guide`, or its forced token.
+    pub(crate) fn sample_guided(
+        &mut self,
+        sampler: &mut crate::sampling::Sampler,
+        guide: &mut crate::constrain::Guide,
+    ) -> Result<u32> {
+        if !self.has_logits {
+            return Err(EngineError::InvalidArgument(
+                "no logits yet: process some tokens first".into(),
+            ));
+        }
+        let logits = self.try_logits()?;
+        let token = guide.sample(logits, sampler)?;
+        self.check_finite(token)?;
+        Ok(token)
+    }
+
     /// Logits of the last processed position (empty before any run, or if copying them from
     /// the device failed; [`Session::prefill`] and [`Session::step`] report such errors).
     pub fn logits(&self) -> &[f32] {

@@ -1,0 +1,217 @@
+//! One constrained generation's state: the grammar's matcher, the trigger it waits for, and the
+//! buffer the masked logits are written to.
+
+use llguidance::Matcher;
+
+use super::spec::{Constraint, ConstraintError};
+use super::vocab::ConstraintVocab;
+use crate::sampling::Sampler;
+
+/// Where a lazy constraint stands.
+enum Phase {
+    /// Free text until `trigger` appears; `text` holds the output so far (bounded: only the
+    /// last bytes that could start the trigger are kept).
+    Waiting { trigger: Vec<u8>, text: Vec<u8> },
+    /// Every token must keep the output inside the grammar.
+    Active,
+}
+
+/// What [`Guide::choose`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    /// The logits must be sampled, unmasked (a lazy constraint still waiting).
+    Free,
+    /// The grammar allows this token only: take it without sampling.
+    Forced(u32),
+    /// Sample the masked logits the guide wrote.
+    Masked,
+}
+
+/// A constraint being applied to one generation (see [`crate::constrain`]).
+pub(crate) struct Guide {
+    matcher: Matcher,
+    phase: Phase,
+    /// The logits with every disallowed token at -inf; `n_vocab` long, allocated once.
+    masked: Vec<f32>,
+    eog: Vec<u32>,
+    /// Steps that computed a mask, and the time spent in the constraint (masks and commits).
+    n_masks: u32,
+    busy: std::time::Duration,
+}
+
+impl Guide {
+    /// Compiles `c` for a generation over `vocab`.
+    pub(crate) fn new(vocab: &ConstraintVocab, c: &Constraint) -> Result<Guide, ConstraintError> {
+        let matcher = vocab.compile(c)?;
+        let phase = match &c.trigger {
+            Some(t) if !t.is_empty() => Phase::Waiting {
+                trigger: t.as_bytes().to_vec(),
+                text: Vec::with_capacity(4 * t.len() + 64),
+            },
+            _ => Phase::Active,
+        };
+        Ok(Guide {
+            matcher,
+            phase,
+            masked: vec![f32::NEG_INFINITY; vocab.trie().vocab_size()],
+            eog: vocab.eog_tokens().to_vec(),
+            n_masks: 0,
+            busy: std::time::Duration::ZERO,
+        })
+    }
+
+    /// Whether the grammar applies now (a lazy one has seen its trigger).
+    pub(crate) fn is_active(&self) -> bool {
+        matches!(self.phase, Phase::Active)
+    }
+
+    /// Decides how the next token is picked from `logits`: computes the grammar's mask and
+    /// writes the masked logits, unless one token is forced or the constraint still waits.
+    pub(crate) fn choose(&mut self, logits: &[f32]) -> Result<Choice, ConstraintError> {
+        let t0 = std::time::Instant::now();
+        let choice = self.choose_inner(logits);
+        self.busy += t0.elapsed();
+        choice
+    }
+
+    /// Masks computed, and the time the constraint took (masks and token commits), so far.
+    pub(crate) fn stats(&self) -> (u32, std::time::Duration) {
+        (self.n_masks, self.busy)
+    }
+
+    fn choose_inner(&mut self, logits: &[f32]) -> Result<Choice, ConstraintError> {
+        if !self.is_active() {
+            return Ok(Choice::Free);
+        }
+        if self.matcher.is_stopped() {
+            // The grammar is complete and admits nothing more: end here.
+            return Ok(Choice::Forced(self.eog[0]));
+        }
+        let mask = self
+            .matcher
+            .compute_mask()
+            .map_err(|e| ConstraintError::new("constrained decoding", e.to_string()))?;
+        self.n_masks += 1;
+        let eos_allowed = self.eog.iter().any(|&t| mask.is_allowed(t));
+        let n_text = mask.num_set() - self.eog.iter().filter(|&&t| mask.is_allowed(t)).count();
+        if n_text == 0 {
+            if eos_allowed {
+                return Ok(Choice::Forced(self.eog[0]));
+            }
+            return Err(ConstraintError::new(
+                "constrained decoding",
+                "the grammar allows no token here (a grammar whose strings this vocabulary cannot spell?)",
+            ));
+        }
+        if n_text == 1 && !eos_allowed {
+            let mut only = 0u32;
+            mask.iter_set_entries(|i| only = i as u32);
+            return Ok(Choice::Forced(only));
+        }
+        let n = self.masked.len().min(logits.len());
+        self.masked[..n].fill(f32::NEG_INFINITY);
+        mask.iter_set_entries(|i| {
+            if i < n {
+                self.masked[i] = logits[i];
+            }
+        });
+        // End of generation where the grammar accepts: every EOG token of the model, not only
+        // the one the trie calls EOS.
+        for &t in &self.eog {
+            let i = t as usize;
+            if i < n {
+                self.masked[i] = if eos_allowed {
+                    logits[i]
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+        Ok(Choice::Masked)
+    }
+
+    /// Samples with `sampler` from `logits` under the constraint (the CPU path; a waiting lazy
+    /// constraint samples the logits as they are).
+    pub(crate) fn sample(
+        &mut self,
+        logits: &[f32],
+        sampler: &mut Sampler,
+    ) -> Result<u32, ConstraintError> {
+        Ok(match self.choose(logits)? {
+            Choice::Free => sampler.sample(logits),
+            Choice::Forced(t) => t,
+            Choice::Masked => sampler.sample(&self.masked),
+        })
+    }
+
+    /// Whether `token` ends generation under the grammar (an EOG token).
+    pub(crate) fn is_eog(&self, token: u32) -> bool {
+        self.eog.contains(&token)
+    }
+
+    /// Records the emitted `token` (whose bytes are `piece`): advances the grammar, or for a
+    /// waiting constraint looks for the trigger and, once seen, feeds the grammar the output
+    /// from the trigger's first byte.
+    pub(crate) fn accept(
+        &mut self,
+        vocab: &ConstraintVocab,
+        token: u32,
+        piece: &[u8],
+        is_control: bool,
+    ) -> Result<(), ConstraintError> {
+        let t0 = std::time::Instant::now();
+        let r = self.accept_inner(vocab, token, piece, is_control);
+        self.busy += t0.elapsed();
+        r
+    }
+
+    fn accept_inner(
+        &mut self,
+        vocab: &ConstraintVocab,
+        token: u32,
+        piece: &[u8],
+        is_control: bool,
+    ) -> Result<(), ConstraintError> {
+        let fail = |m: String| ConstraintError::new("constrained decoding", m);
+        match &mut self.phase {
+            Phase::Active => {
+                if self.is_eog(token) {
+                    return Ok(());
+                }
+                self.matcher
+                    .consume_token(token)
+                    .map_err(|e| fail(e.to_string()))
+            }
+            Phase::Waiting { trigger, text } => {
+                if is_control && piece == trigger.as_slice() {
+                    // A special token that is the trigger: the grammar starts with it.
+                    self.phase = Phase::Active;
+                    return self
+                        .matcher
+                        .consume_token(token)
+                        .map_err(|e| fail(e.to_string()));
+                }
+                text.extend_from_slice(piece);
+                let Some(at) = find(text, trigger) else {
+                    // Keep only what could still be the start of the trigger.
+                    let keep = trigger.len().saturating_sub(1).min(text.len());
+                    let cut = text.len() - keep;
+                    text.drain(..cut);
+                    return Ok(());
+                };
+                let rest = text[at..].to_vec();
+                self.phase = Phase::Active;
+                let tokens = vocab.tokenize_text(&rest);
+                self.matcher.consume_tokens(&tokens).map_err(|e| {
+                    fail(format!(
+                        "the output after the trigger does not follow the grammar: {e}"
+                    ))
+                })
+            }
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
