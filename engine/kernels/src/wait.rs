@@ -7,10 +7,13 @@
 //! threads than free cores, another process decoding, a CPU-bound neighbour), the others would
 //! spin for the scheduler's whole time slice while the thread they wait for cannot run. So the
 //! spin is bounded by a budget in nanoseconds that adapts to what the waits turned out to be:
-//! a wait that outlasted the spin but ended soon after ([`SpinBudget::MAX_NS`]) doubles it (a
-//! longer spin would have caught it), a wait much longer than that halves it (a descheduled
-//! partner: spinning only took its core). Sleeping is a futex (`atomic-wait`: futex on Linux,
-//! `WaitOnAddress` on Windows, `ulock` on macOS), so a sleeping thread costs no CPU.
+//! a wait that outlasted the spin but ended soon after ([`SpinBudget::MAX_NS`]) while the
+//! partner ran elsewhere doubles it (a longer spin would have caught it); a wait much longer
+//! than that, or one that a yield of our core ended, halves it (a descheduled partner:
+//! spinning only kept it off the core). After the spin a waiter yields its core for up to
+//! [`YIELD_PHASE_NS`] (a partner in the same run queue gets it at once), then sleeps on a futex
+//! (`atomic-wait`: futex on Linux, `WaitOnAddress` on Windows, `ulock` on macOS), so a
+//! sleeping thread costs no CPU.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
@@ -46,11 +49,14 @@ impl SpinBudget {
         self.nanos.load(Ordering::Relaxed)
     }
 
-    /// Learns from a wait that did not end within the spin and took `waited_ns` in all.
-    fn after_sleep(&self, waited_ns: u64) {
+    /// Learns from a wait that did not end within the spin and took `waited_ns` in all;
+    /// `gave_core`: a yield on the way handed this core to another thread (the partner, or
+    /// another process), so spinning only delayed that.
+    fn after_wait(&self, waited_ns: u64, gave_core: bool) {
         let now = self.nanos();
-        let next = if waited_ns <= u64::from(Self::MAX_NS) {
-            // A slightly longer spin would have caught it: spin up to twice that long.
+        let next = if !gave_core && waited_ns <= u64::from(Self::MAX_NS) {
+            // The partner was running elsewhere and a slightly longer spin would have caught
+            // it: spin up to twice that long.
             now.saturating_mul(2)
                 .max((waited_ns as u32).saturating_mul(2))
         } else {
@@ -99,7 +105,13 @@ impl Event {
         }
     }
 
-    /// Returns once the count differs from `seen`: spins within `budget`, then sleeps.
+    /// Returns once the count differs from `seen`: spins within `budget`, then yields the core
+    /// for up to [`YIELD_PHASE_NS`], then sleeps.
+    ///
+    /// The yields are what make an oversubscribed machine work: when the thread we wait for
+    /// shares our core's run queue (more threads than cores, another process's threads), a
+    /// yield hands it the core in a microsecond or two, where a futex sleep and wake-up costs
+    /// tens of microseconds and an interrupt to another core.
     pub fn wait_past(&self, seen: u32, budget: &SpinBudget) {
         let start = Instant::now();
         let spin_ns = u128::from(budget.nanos());
@@ -114,6 +126,17 @@ impl Event {
                 break;
             }
         }
+        let mut gave_core = false;
+        while start.elapsed().as_nanos() < u128::from(YIELD_PHASE_NS) {
+            if self.word.load(Ordering::Acquire) != seen {
+                budget.after_wait(elapsed_ns(start), gave_core);
+                return;
+            }
+            let t = Instant::now();
+            std::thread::yield_now();
+            // A yield that took this long ran another thread on this core.
+            gave_core |= t.elapsed().as_nanos() > u128::from(GAVE_CORE_NS);
+        }
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         while self.word.load(Ordering::SeqCst) == seen {
             // Returns at once if the word no longer holds `seen` (checked by the kernel
@@ -123,8 +146,18 @@ impl Event {
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         // Acquire what the signalling thread wrote before it signalled.
         std::sync::atomic::fence(Ordering::Acquire);
-        budget.after_sleep(start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
+        budget.after_wait(elapsed_ns(start), true);
     }
+}
+
+/// How long a waiter keeps yielding before it sleeps: past this, whoever it waits for is not
+/// about to arrive (the caller is idle between requests, or the machine is overloaded).
+pub const YIELD_PHASE_NS: u64 = 1_000_000;
+/// A yield that returns after this long has run another thread.
+const GAVE_CORE_NS: u64 = 5_000;
+
+fn elapsed_ns(start: Instant) -> u64 {
+    start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
 }
 
 impl Default for Event {
@@ -141,20 +174,26 @@ mod tests {
     #[test]
     fn budget_grows_for_short_waits_and_shrinks_for_long_ones() {
         let b = SpinBudget::starting_at(10_000);
-        b.after_sleep(15_000);
+        b.after_wait(15_000, false);
         assert_eq!(
             b.nanos(),
             30_000,
             "a wait just past the spin: spin twice as long"
         );
-        b.after_sleep(5_000_000);
+        b.after_wait(5_000_000, false);
         assert_eq!(b.nanos(), 15_000, "a time slice: halve");
+        b.after_wait(10_000, true);
+        assert_eq!(
+            b.nanos(),
+            7_500,
+            "a yield ran the partner: spinning only delayed it"
+        );
         for _ in 0..40 {
-            b.after_sleep(5_000_000);
+            b.after_wait(5_000_000, true);
         }
         assert_eq!(b.nanos(), SpinBudget::MIN_NS);
         for _ in 0..40 {
-            b.after_sleep(150_000);
+            b.after_wait(150_000, false);
         }
         assert_eq!(b.nanos(), SpinBudget::MAX_NS);
     }
