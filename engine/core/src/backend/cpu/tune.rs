@@ -40,6 +40,10 @@ const TYPES_WITH_AVX512: [GgmlType; 6] = [
 const DECODE_PASS_BYTES: usize = 48 << 20;
 /// Weight bytes one prefill timing reads (compute-bound: a smaller slice is representative).
 const PREFILL_SLICE_BYTES: usize = 1 << 20;
+/// Models with fewer bytes of weights of the [`TYPES_WITH_AVX512`] keep the set's own kernels.
+const MIN_MODEL_BYTES: usize = 16 << 20;
+/// Cached shapes at most; past this the cache starts over (it is only a cache).
+const MAX_CACHE_LINES: usize = 4096;
 /// Alternating timings per candidate; each candidate keeps its best.
 const ROUNDS: usize = 4;
 
@@ -70,7 +74,14 @@ pub fn choose(model: &Model, kernels: Kernels) -> Kernels {
         };
         shapes.entry(shape).or_default().push(WeightId(i));
     }
-    if shapes.is_empty() {
+    // A small model's matmuls cost microseconds whichever set runs them: not worth a timing,
+    // nor a line in the cache per shape (tests and fuzzers make many tiny models).
+    let candidate_bytes: usize = shapes
+        .values()
+        .flatten()
+        .map(|&id| model.weight_bytes(id).len())
+        .sum();
+    if candidate_bytes < MIN_MODEL_BYTES {
         return kernels;
     }
     let cache_path = cache_path();
@@ -290,6 +301,10 @@ fn format_cache(cache: &BTreeMap<String, [f64; 2]>) -> String {
 /// Writes the cache through a temporary file and a rename, so that two processes tuning at
 /// once never leave half a file; a failure only costs a timing next time.
 fn write_cache(path: &PathBuf, cache: &BTreeMap<String, [f64; 2]>) {
+    if cache.len() > MAX_CACHE_LINES {
+        let _ = std::fs::remove_file(path);
+        return;
+    }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let ok = path
         .parent()
