@@ -265,6 +265,22 @@ fn prompt_cache_keeps_llamas_output_and_reuses_the_prompt() {
     let damaged = run(&["--prompt-cache", c]);
     assert_eq!(damaged.stdout, first.stdout, "{damaged:?}");
     assert!(damaged.stderr.contains("damaged"), "{damaged:?}");
+    // A state of another model (a tiny synthetic Llama): a warning naming it, the same text.
+    let tiny_path = dir.write("tiny.gguf", &Parts::llama(DIMS).bytes());
+    let mut t = Session::new(
+        Arc::new(Model::load(&tiny_path).unwrap()),
+        &SessionConfig {
+            ctx: Some(32),
+            threads: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    t.prefill(&[1, 2, 3]).unwrap();
+    t.save_state(&cache).unwrap();
+    let foreign = run(&["--prompt-cache", c, "--prompt-cache-ro"]);
+    assert_eq!(foreign.stdout, first.stdout, "{foreign:?}");
+    assert!(foreign.stderr.contains("another model file"), "{foreign:?}");
     // -ro alone is a bad command line.
     let out = run(&["--prompt-cache-ro"]);
     assert_eq!(out.code, Some(2), "{out:?}");
