@@ -449,3 +449,50 @@ fn truncated_and_damaged_state_files_are_errors_never_panics() {
     t.load_state(&path).unwrap();
     assert_eq!(t.tokens(), &ids[..]);
 }
+
+/// Sliding-window models (the synthetic Gemma 2 and 3: windows of 8 in rings of 8 + ubatch
+/// rows): extending what the session holds reuses it, cutting deeper than the rings allow starts
+/// over; either way the tokens are a fresh session's.
+#[test]
+fn sliding_window_models_reuse_what_their_rings_still_hold() {
+    let donor = edge_engine::gguf::Gguf::open(smollm2_path()).unwrap();
+    for name in ["gemma2", "gemma3"] {
+        let bytes = edge_tests::synth::make_arch_model(name, &donor).unwrap();
+        let gguf = edge_engine::gguf::Gguf::from_bytes(bytes).unwrap();
+        let model = Arc::new(Model::from_gguf(gguf).unwrap());
+        let new = || session_with(&model, 128, 4, KvType::F16);
+        let p1: Vec<u32> = (1..=30).collect();
+        let mut s = new();
+        let out1 = greedy(&mut s, &p1, 10, true);
+        // An extension of what the session holds: reused.
+        let mut p2 = s.tokens().to_vec();
+        p2.extend([40, 41, 42]);
+        assert!(s.reusable_prefix(&p2) > 30, "{name}");
+        let out2 = greedy(&mut s, &p2, 10, true);
+        assert_eq!(
+            out2,
+            greedy(&mut new(), &p2, 10, false),
+            "{name}: extension"
+        );
+        // Saved and loaded with wrapped rings, it goes on as the session itself does.
+        let dir = TempDir::new("state-swa");
+        let path = dir.0.join("swa.state");
+        s.save_state(&path).unwrap();
+        let mut loaded = new();
+        loaded.load_state(&path).unwrap();
+        let mut p4 = s.tokens().to_vec();
+        p4.extend([60, 61]);
+        assert_eq!(
+            greedy(&mut loaded, &p4, 8, true),
+            greedy(&mut s, &p4, 8, true),
+            "{name}: after load"
+        );
+        // A cut 20 positions back: the rings were overwritten since; the session starts over.
+        let mut p3 = p1[..20].to_vec();
+        p3.extend([50, 51]);
+        assert_eq!(s.reusable_prefix(&p3), 0, "{name}");
+        let out3 = greedy(&mut s, &p3, 10, true);
+        assert_eq!(out3, greedy(&mut new(), &p3, 10, false), "{name}: deep cut");
+        assert!(!out1.is_empty());
+    }
+}

@@ -1,5 +1,6 @@
-//! `edge-run chat` and `--prompt-cache` on the real model, through the binary. The chat's first
-//! answer at --temp 0 must be the one-shot `--chat` output, its second the one-shot output of
+//! `edge-run chat` and `--prompt-cache` on the real model, through the binary. The chat's
+//! answers at --temp 0 must be llama.cpp's greedy text for the conversation (recorded), its first
+//! answer the one-shot `--chat` output, its second the one-shot output of
 //! the whole conversation written out as ChatML (independently of the template engine) in a
 //! fresh process; a conversation saved with /save and loaded with /load in another process
 //! must go on exactly as the uninterrupted one; and a state from another model is refused with
@@ -142,6 +143,21 @@ fn chat_answers_equal_one_shot_runs_of_the_conversation() {
     );
 }
 
+/// llama.cpp's greedy text (argmax of the raw logits) for the first turn and for the whole
+/// two-turn conversation, recorded with `shared/peer/llama-ref.py --model
+/// SmolLM2-135M-Instruct.Q4_1.gguf greedy --n 20` on [`chatml`]`(&[("user", Q1)])` and on
+/// `chatml(&[("user", Q1), ("assistant", LLAMA_1), ("user", Q2)])`: fresh llama.cpp contexts, so
+/// the chat's reuse of its KV cache must not change a token.
+const LLAMA_1: &str = "L'Étoile, la Cité, la Nation, la Géologie, la Culture";
+const LLAMA_2: &str = "L'Ion, la Roma, la Culture, la Géologie, la Culture Natienne";
+
+#[test]
+fn chat_answers_are_llamas_greedy_text() {
+    let out = chat(&format!("{Q1}\n{Q2}\n"), &[]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, format!("{LLAMA_1}\n{LLAMA_2}\n"), "{out:?}");
+}
+
 #[test]
 fn save_and_load_go_on_as_the_uninterrupted_chat() {
     let dir = TempDir::new("chat-state");
@@ -265,6 +281,22 @@ fn prompt_cache_keeps_llamas_output_and_reuses_the_prompt() {
     let damaged = run(&["--prompt-cache", c]);
     assert_eq!(damaged.stdout, first.stdout, "{damaged:?}");
     assert!(damaged.stderr.contains("damaged"), "{damaged:?}");
+    // A state of another model (a tiny synthetic Llama): a warning naming it, the same text.
+    let tiny_path = dir.write("tiny.gguf", &Parts::llama(DIMS).bytes());
+    let mut t = Session::new(
+        Arc::new(Model::load(&tiny_path).unwrap()),
+        &SessionConfig {
+            ctx: Some(32),
+            threads: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    t.prefill(&[1, 2, 3]).unwrap();
+    t.save_state(&cache).unwrap();
+    let foreign = run(&["--prompt-cache", c, "--prompt-cache-ro"]);
+    assert_eq!(foreign.stdout, first.stdout, "{foreign:?}");
+    assert!(foreign.stderr.contains("another model file"), "{foreign:?}");
     // -ro alone is a bad command line.
     let out = run(&["--prompt-cache-ro"]);
     assert_eq!(out.code, Some(2), "{out:?}");

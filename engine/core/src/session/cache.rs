@@ -89,7 +89,11 @@ impl Session {
         while common > 0 && !rerun_matches_fresh(prompt.len() - common, prompt.len(), self.ubatch) {
             common -= 1;
         }
-        common
+        if self.can_truncate(common) {
+            common
+        } else {
+            0
+        }
     }
 
     /// Prepares the session for `prompt`, the whole context wanted (e.g. a conversation
@@ -105,7 +109,7 @@ impl Session {
     /// bits from a fresh session's.
     ///
     /// Where the prefix cannot be cut there (a sliding-window model whose ring rows were
-    /// overwritten), the session is reset and 0 returned. Allocates nothing.
+    /// overwritten by later positions), the session is reset and 0 returned. Allocates nothing.
     pub fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
         let common = self.reusable_prefix(prompt);
         if self.truncate(common).is_err() {
