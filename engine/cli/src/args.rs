@@ -118,6 +118,51 @@ pub struct MemoryFlags {
 }
 
 /// Text generation (the command without a subcommand).
+/// The sampler's flags, shared by one-shot generation and `chat`.
+#[derive(Args, Debug)]
+pub struct SamplingFlags {
+    /// Sampling temperature; 0 = greedy (argmax).
+    #[arg(long = "temp", default_value_t = 0.8, value_name = "T", allow_negative_numbers = true, value_parser = number)]
+    pub temp: f32,
+    /// Keep only the K most likely tokens; 0 = off.
+    #[arg(long = "top-k", default_value_t = 40, value_name = "K", allow_negative_numbers = true, value_parser = count)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability adds up to P; 1 = off.
+    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P", allow_negative_numbers = true, value_parser = number)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one; 0 = off.
+    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P", allow_negative_numbers = true, value_parser = number)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last --repeat-last-n tokens; 1 = off.
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X", allow_negative_numbers = true, value_parser = number)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repetition penalty looks at.
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N", allow_negative_numbers = true, value_parser = count)]
+    pub repeat_last_n: usize,
+    /// Random seed: the same seed gives the same output.
+    #[arg(long = "seed", default_value_t = 42, value_name = "N", allow_negative_numbers = true, value_parser = seed)]
+    pub seed: u64,
+}
+
+impl SamplingFlags {
+    /// The sampler settings, or the usage error that says which flag is wrong.
+    pub fn config(&self) -> Result<edge_engine::sampling::SamplerConfig, crate::errors::CliError> {
+        let sampling = edge_engine::sampling::SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        };
+        sampling
+            .validate()
+            .map_err(|e| crate::errors::CliError::usage(crate::errors::hint(&e)))?;
+        Ok(sampling)
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     /// The GGUF model file.
@@ -148,27 +193,8 @@ pub struct GenerateArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub session: SessionFlags,
-    /// Sampling temperature; 0 = greedy (argmax).
-    #[arg(long = "temp", default_value_t = 0.8, value_name = "T", allow_negative_numbers = true, value_parser = number)]
-    pub temp: f32,
-    /// Keep only the K most likely tokens; 0 = off.
-    #[arg(long = "top-k", default_value_t = 40, value_name = "K", allow_negative_numbers = true, value_parser = count)]
-    pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability adds up to P; 1 = off.
-    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P", allow_negative_numbers = true, value_parser = number)]
-    pub top_p: f32,
-    /// Drop tokens less likely than P times the most likely one; 0 = off.
-    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P", allow_negative_numbers = true, value_parser = number)]
-    pub min_p: f32,
-    /// Penalise tokens seen in the last --repeat-last-n tokens; 1 = off.
-    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X", allow_negative_numbers = true, value_parser = number)]
-    pub repeat_penalty: f32,
-    /// How many recent tokens the repetition penalty looks at.
-    #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N", allow_negative_numbers = true, value_parser = count)]
-    pub repeat_last_n: usize,
-    /// Random seed: the same seed gives the same tokens.
-    #[arg(long = "seed", default_value_t = 42, value_name = "N", allow_negative_numbers = true, value_parser = seed)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
     /// Wrap the prompt in the model's chat template (tokenizer.chat_template) as a user message.
     #[arg(long)]
     pub chat: bool,
@@ -355,27 +381,8 @@ pub struct ChatArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub session: SessionFlags,
-    /// Sampling temperature; 0 = greedy (argmax).
-    #[arg(long = "temp", default_value_t = 0.8, value_name = "T", allow_negative_numbers = true, value_parser = number)]
-    pub temp: f32,
-    /// Keep only the K most likely tokens; 0 = off.
-    #[arg(long = "top-k", default_value_t = 40, value_name = "K", allow_negative_numbers = true, value_parser = count)]
-    pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability adds up to P; 1 = off.
-    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P", allow_negative_numbers = true, value_parser = number)]
-    pub top_p: f32,
-    /// Drop tokens less likely than P times the most likely one; 0 = off.
-    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P", allow_negative_numbers = true, value_parser = number)]
-    pub min_p: f32,
-    /// Penalise tokens seen in the last --repeat-last-n tokens; 1 = off.
-    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X", allow_negative_numbers = true, value_parser = number)]
-    pub repeat_penalty: f32,
-    /// How many recent tokens the repetition penalty looks at.
-    #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N", allow_negative_numbers = true, value_parser = count)]
-    pub repeat_last_n: usize,
-    /// Random seed: the same seed gives the same answers.
-    #[arg(long = "seed", default_value_t = 42, value_name = "N", allow_negative_numbers = true, value_parser = seed)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
 }
 
 /// `edge-run serve`.

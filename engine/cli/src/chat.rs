@@ -17,7 +17,6 @@ use std::time::Instant;
 use edge_engine::error::EngineError;
 use edge_engine::generate::{GenerateOptions, StopReason};
 use edge_engine::model::Model;
-use edge_engine::sampling::SamplerConfig;
 use edge_engine::session::Session;
 use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 
@@ -39,16 +38,7 @@ Ctrl-C stops the current answer.";
 
 /// Runs the chat until end of input or `/exit`; returns the exit status.
 pub fn chat(a: ChatArgs) -> CliResult<u8> {
-    let sampling = SamplerConfig {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        seed: a.seed,
-    };
-    sampling.validate().map_err(|e| CliError::usage(hint(&e)))?;
+    let sampling = a.sampling.config()?;
     let model = Arc::new(load_model(&a.model)?);
     refuse_encoder(&a.model, &model)?;
     a.session.check_ctx(&model)?;

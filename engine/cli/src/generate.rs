@@ -9,14 +9,13 @@ use std::time::Instant;
 
 use edge_engine::error::EngineError;
 use edge_engine::generate::{GenerateOptions, StopReason};
-use edge_engine::sampling::SamplerConfig;
 use edge_engine::session::ContextPolicy;
 use edge_tokenizers::chat::{ChatMessage, ChatTemplate};
 use edge_tokenizers::Tokenizer;
 
 use crate::args::GenerateArgs;
 use crate::constrain::{constraint_from_args, tool_calls_json, tools_from_args};
-use crate::errors::{hint, hint_text, load_model, refuse_encoder, CliError, CliResult};
+use crate::errors::{hint_text, load_model, refuse_encoder, CliError, CliResult};
 use crate::output::read_text;
 use crate::session::open_session;
 use crate::signals::{interrupt_flag, EXIT_INTERRUPTED};
@@ -42,16 +41,7 @@ pub fn generate(a: GenerateArgs) -> CliResult<u8> {
         ));
     }
     let prompt = read_prompt(&a)?;
-    let sampling = SamplerConfig {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        seed: a.seed,
-    };
-    sampling.validate().map_err(|e| CliError::usage(hint(&e)))?;
+    let sampling = a.sampling.config()?;
 
     let t_load = Instant::now();
     let model = Arc::new(load_model(&path)?);
