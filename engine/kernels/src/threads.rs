@@ -172,6 +172,11 @@ impl SpinBarrier {
         self.spin.nanos()
     }
 
+    /// Starts the spin budget afresh (after a stretch of runs that did not use the barrier).
+    pub fn reset_spin(&self) {
+        self.spin.reset();
+    }
+
     /// Blocks until all `n` threads have called `wait` for this round. Writes made before
     /// `wait` by any thread are visible to all threads after it.
     pub fn wait(&self) {

@@ -44,6 +44,11 @@ impl SpinBudget {
         }
     }
 
+    /// Starts adapting afresh from [`SpinBudget::START_NS`].
+    pub fn reset(&self) {
+        self.nanos.store(Self::START_NS, Ordering::Relaxed);
+    }
+
     /// The current spin, in nanoseconds.
     pub fn nanos(&self) -> u32 {
         self.nanos.load(Ordering::Relaxed)
@@ -106,19 +111,19 @@ impl Event {
     }
 
     /// Returns once the count differs from `seen`: spins within `budget`, then yields the core
-    /// for up to [`YIELD_PHASE_NS`], then sleeps.
+    /// for up to [`YIELD_PHASE_NS`], then sleeps. Returns whether the wait outlasted the spin.
     ///
     /// The yields are what make an oversubscribed machine work: when the thread we wait for
     /// shares our core's run queue (more threads than cores, another process's threads), a
     /// yield hands it the core in a microsecond or two, where a futex sleep and wake-up costs
     /// tens of microseconds and an interrupt to another core.
-    pub fn wait_past(&self, seen: u32, budget: &SpinBudget) {
+    pub fn wait_past(&self, seen: u32, budget: &SpinBudget) -> bool {
         let start = Instant::now();
         let spin_ns = u128::from(budget.nanos());
         loop {
             for _ in 0..32 {
                 if self.word.load(Ordering::Acquire) != seen {
-                    return;
+                    return false;
                 }
                 std::hint::spin_loop();
             }
@@ -130,7 +135,7 @@ impl Event {
         while start.elapsed().as_nanos() < u128::from(YIELD_PHASE_NS) {
             if self.word.load(Ordering::Acquire) != seen {
                 budget.after_wait(elapsed_ns(start), gave_core);
-                return;
+                return true;
             }
             let t = Instant::now();
             std::thread::yield_now();
@@ -147,6 +152,7 @@ impl Event {
         // Acquire what the signalling thread wrote before it signalled.
         std::sync::atomic::fence(Ordering::Acquire);
         budget.after_wait(elapsed_ns(start), true);
+        true
     }
 }
 
@@ -210,7 +216,7 @@ mod tests {
         };
         std::thread::sleep(std::time::Duration::from_millis(20));
         event.signal();
-        waiter.join().unwrap();
+        assert!(waiter.join().unwrap(), "a 20 ms wait outlasts any spin");
         assert_ne!(event.current(), seen);
     }
 }

@@ -5,7 +5,11 @@
 //! heads, and the threads meet at a barrier after each op that a later one depends on. A
 //! single token's elementwise ops are split by columns instead, and its matmuls' weight rows
 //! and attention heads are claimed in chunks, so that a thread that finishes early takes work
-//! from the others ([`edge_kernels::steal`]). The ops are in the files beside this one:
+//! from the others ([`edge_kernels::steal`]). When the barriers' waits show that a thread of
+//! ours is being descheduled (more threads than free cores), runs switch to shared parts
+//! ([`edge_kernels::phases`]): each op's shares become parts that any thread claims, and a
+//! phase ends when its parts are done, not when every thread has arrived, so the threads that
+//! are on a core carry the run (see [`Executor::run`]). The ops are in the files beside this one:
 //! `ops.rs` (elementwise ops, norms, embeddings, RoPE), `matmul.rs` and `attention.rs`.
 //!
 //! Memory safety rests on two facts, checked when the session is built:
@@ -14,15 +18,20 @@
 //!    dies at that op (`Graph::inplace_pairs`); an op's inputs and output are all live during
 //!    the op;
 //! 2. within an op, each thread creates mutable slices only of its own part of the output
-//!    (rows, columns or chunks it was given or claimed; and of the KV cache rows of its own
-//!    tokens, or for one token its own columns), and nobody writes an op's inputs — an op
+//!    (rows, columns or chunks it was given or claimed, or those of the shared part it
+//!    claimed; and of the KV cache rows of its own tokens, or for one token its own columns),
+//!    and no op starts before the ops it reads have finished (a barrier, or the end of a
+//!    shared phase), and nobody writes an op's inputs — an op
 //!    whose output shares an input's offset never makes a shared slice of that input: it reads
 //!    the element through the output slice, before writing it.
 
 use edge_kernels::cpu::ggml_order::LANES;
+use edge_kernels::phases::PhaseCounters;
 use edge_kernels::steal;
 use edge_kernels::threads::{split_range, SpinBarrier, ThreadPool};
 use edge_kernels::Kernels;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 
 use crate::graph::{Op, ValueId, ValueType};
 use crate::kv::KvCache;
@@ -35,6 +44,17 @@ fn dump_enabled() -> bool {
     std::env::var_os("EDGE_RUN_DUMP").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// What `EDGE_RUN_SHARED_PARTS` forces: `1` shared parts on every run (tests, and
+/// machines known to be oversubscribed), `0` barriers always; unset or anything else: chosen
+/// by the barriers' waits.
+fn shared_parts_forced() -> Option<bool> {
+    match std::env::var("EDGE_RUN_SHARED_PARTS").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
 /// Columns per thread part of a decode step's elementwise f32 ops: a whole cache line, so that
 /// two threads never write the same line.
 pub(super) const F32_GRANULE: usize = 16;
@@ -42,6 +62,10 @@ pub(super) const F32_GRANULE: usize = 16;
 /// A barrier spin budget at or below this (ns) means waits have mostly outlasted the spin: a
 /// thread of ours is being descheduled (more threads than free cores).
 const CONTENDED_SPIN_NS: u32 = 4 * edge_kernels::wait::SpinBudget::MIN_NS;
+
+/// Shared-part runs in a row none of whose phase waits outlasted the spin, after which runs go
+/// back to barriers: nobody was being descheduled any more.
+const QUIET_RUNS_TO_LEAVE_SHARED: u32 = 16;
 
 /// Bytes of scratch one thread needs for attention over `ctx` positions with heads of
 /// `head_dim`: one row of scores (one head, one token), the query, and the ordered
@@ -75,6 +99,14 @@ pub struct Executor {
     /// The tag of the next run's first op: each op of each run tags its row claims with a
     /// larger number than any before it.
     next_tag: std::sync::atomic::AtomicUsize,
+    /// Claim and completion counts of the shared-part runs.
+    phases: PhaseCounters,
+    /// Runs use shared parts (the machine is contended).
+    shared: AtomicBool,
+    /// `EDGE_RUN_SHARED_PARTS` when the executor was built.
+    shared_forced: Option<bool>,
+    /// Shared-part runs in a row without a long phase wait.
+    quiet_runs: AtomicU32,
 }
 
 /// Inputs of one run.
@@ -115,6 +147,10 @@ impl Executor {
             dump: dump_enabled(),
             claims: steal::RowClaims::new(n_threads),
             next_tag: std::sync::atomic::AtomicUsize::new(0),
+            phases: PhaseCounters::new(),
+            shared: AtomicBool::new(false),
+            shared_forced: shared_parts_forced(),
+            quiet_runs: AtomicU32::new(0),
         })
     }
 
@@ -140,6 +176,12 @@ impl Executor {
 
     /// Runs the graph for `args.tokens` at positions `pos0..`; the caller has checked that the
     /// tokens fit the graph's ubatch and the cache. Returns false if a thread panicked (a bug).
+    ///
+    /// Runs meet at barriers while the threads have the cores to themselves. Once the
+    /// barrier's spin budget has collapsed (waits outlasting any spin: a thread of ours is off
+    /// its core), runs switch to shared parts, and back after
+    /// [`QUIET_RUNS_TO_LEAVE_SHARED`] runs in which no phase wait outlasted its spin. Both give
+    /// the same bits: a part computes what the same thread's share would.
     pub fn run(&self, model: &Model, kv: &KvCache, pg: &PlannedGraph, args: RunArgs<'_>) -> bool {
         assert!(args.tokens.len() <= pg.graph.ubatch && !args.tokens.is_empty());
         assert!(args.pos0 + args.tokens.len() <= kv.ctx);
@@ -148,10 +190,31 @@ impl Executor {
         // Decided once per run, for every thread alike (a matmul's rows are either all claimed
         // or all split statically): when the barrier's waits have been long, a thread is being
         // descheduled, and every decode matmul lets the others take its rows.
-        let steal_all = self.barrier.spin_nanos() <= CONTENDED_SPIN_NS;
+        let contended = self.barrier.spin_nanos() <= CONTENDED_SPIN_NS;
         let tag0 = self
             .next_tag
             .fetch_add(pg.graph.ops.len(), std::sync::atomic::Ordering::Relaxed);
+        let can_share = n > 1
+            && !dump
+            && pg.graph.ops.len() <= PhaseCounters::MAX_OPS
+            && self.shared_forced != Some(false);
+        let forced = self.shared_forced == Some(true);
+        if can_share && (forced || contended || self.shared.load(Relaxed)) {
+            self.shared.store(true, Relaxed);
+            self.phases.reset(pg.graph.ops.len());
+            let long_wait = AtomicBool::new(false);
+            let ok = self.pool.run(&|tid| {
+                self.run_shared(model, kv, pg, args, tag0, tid, &long_wait);
+            });
+            if forced || long_wait.load(Relaxed) {
+                self.quiet_runs.store(0, Relaxed);
+            } else if self.quiet_runs.fetch_add(1, Relaxed) + 1 >= QUIET_RUNS_TO_LEAVE_SHARED {
+                self.quiet_runs.store(0, Relaxed);
+                self.shared.store(false, Relaxed);
+                self.barrier.reset_spin();
+            }
+            return ok;
+        }
         self.pool.run(&|tid| {
             for (i, op) in pg.graph.ops.iter().enumerate() {
                 let ctx = OpCtx {
@@ -161,9 +224,10 @@ impl Executor {
                     pg,
                     args,
                     tid,
+                    thread: tid,
                     n_threads: n,
                     tag: tag0.wrapping_add(i),
-                    steal_all,
+                    steal_all: contended,
                 };
                 ctx.run(op);
                 if pg.barrier_after(i) || dump {
@@ -174,6 +238,55 @@ impl Executor {
                 }
             }
         })
+    }
+
+    /// Thread `thread`'s walk of a shared-part run: in each phase (the ops up to the next
+    /// barrier) it claims parts of each op until none is left, then waits for the phase's
+    /// parts to be done. A thread that was off its core finds the parts of the ops it missed
+    /// claimed, and passes their phases at once.
+    #[allow(clippy::too_many_arguments)]
+    fn run_shared(
+        &self,
+        model: &Model,
+        kv: &KvCache,
+        pg: &PlannedGraph,
+        args: RunArgs<'_>,
+        tag0: usize,
+        thread: usize,
+        long_wait: &AtomicBool,
+    ) {
+        let ops = &pg.graph.ops;
+        let n = self.n_threads();
+        let mut first = 0;
+        while first < ops.len() {
+            let last = (first..ops.len())
+                .find(|&j| pg.barrier_after(j))
+                .unwrap_or(ops.len() - 1);
+            let total = n * (last - first + 1);
+            for (i, op) in ops.iter().enumerate().take(last + 1).skip(first) {
+                while let Some(part) = self.phases.claim(i, n) {
+                    let ctx = OpCtx {
+                        exec: self,
+                        model,
+                        kv,
+                        pg,
+                        args,
+                        tid: part,
+                        thread,
+                        n_threads: n,
+                        tag: tag0.wrapping_add(i),
+                        steal_all: true,
+                    };
+                    ctx.run(op);
+                    self.phases.finish(last, total);
+                }
+            }
+            // After the last phase, the pool's job end is the wait.
+            if pg.barrier_after(last) && self.phases.wait(last, total) {
+                long_wait.store(true, Relaxed);
+            }
+            first = last + 1;
+        }
     }
 
     /// Prints the first and last values and the sum of an op's output (last row) to stderr,
@@ -224,7 +337,10 @@ pub(super) struct OpCtx<'a> {
     pub(super) kv: &'a KvCache,
     pub(super) pg: &'a PlannedGraph,
     pub(super) args: RunArgs<'a>,
+    /// Which share of the op this is (the thread's own, or the shared part it claimed).
     pub(super) tid: usize,
+    /// The thread running it (whose scratch it uses).
+    pub(super) thread: usize,
     pub(super) n_threads: usize,
     /// Tags this op's row claims: consecutive ops have consecutive tags.
     pub(super) tag: usize,
@@ -333,8 +449,12 @@ impl OpCtx<'_> {
     #[allow(clippy::mut_from_ref)]
     pub(super) fn scratch(&self) -> &mut [f32] {
         let per = self.exec.scratch_per_thread;
-        // SAFETY: each thread uses only its own scratch slot.
-        unsafe { self.exec.scratch.slice_mut::<f32>(self.tid * per, per / 4) }
+        // SAFETY: each thread uses only its own scratch slot, one part at a time.
+        unsafe {
+            self.exec
+                .scratch
+                .slice_mut::<f32>(self.thread * per, per / 4)
+        }
     }
 
     /// Runs this thread's share of `op`.
