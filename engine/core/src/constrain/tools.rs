@@ -15,6 +15,12 @@ use serde_json::{json, Value};
 
 use super::spec::{Constraint, ConstraintError};
 
+mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use stream::{StreamedCall, ToolCallStream, ToolStreamEvent};
+
 /// The tool-call syntaxes edge-run knows, detected from a chat template.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolCallSyntax {
@@ -355,7 +361,7 @@ pub fn parse_tool_calls(
             .unwrap_or_else(|| json!({}));
         let arguments = args.to_string();
         calls.push(ToolCall {
-            id: call_id(output, i),
+            id: call_id(syntax, output, i),
             name: name.to_string(),
             arguments,
         });
@@ -363,13 +369,13 @@ pub fn parse_tool_calls(
     Ok((text.trim().to_string(), calls))
 }
 
-/// `call_` and 24 hex digits from the output and the call's index (FNV-1a): distinct for the
-/// calls of a response, stable for a given output.
-fn call_id(output: &str, index: usize) -> String {
-    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
-    for b in output.bytes().chain(index.to_le_bytes()) {
-        h ^= b as u128;
-        h = h.wrapping_mul(0x0000_0000_0100_0000_0000_0000_0000_013B);
+/// The id of call `index` of `output` (see [`ToolCallStream::new`] for its form), from a
+/// hash of the output (FNV-1a): distinct for the calls of a response, stable for an output.
+fn call_id(syntax: ToolCallSyntax, output: &str, index: usize) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in output.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
     }
-    format!("call_{:024x}", h >> 32)
+    stream::call_id(syntax, h, index)
 }
