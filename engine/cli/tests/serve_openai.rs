@@ -1,6 +1,7 @@
 //! `edge-run serve` with OpenAI's own Python client (`pip install openai`; under `CI=true` a
 //! missing package fails): `serve_openai.py` checks chat (streamed and not, greedy text equal
-//! to the CLI's), completions, models, embeddings and the client's exception classes. And
+//! to the CLI's), completions, models, embeddings, constrained output, tool calls (on a second
+//! server with a Hermes tool-call template) and the client's exception classes. And
 //! `/v1/embeddings` over plain HTTP against `edge-run embed` (itself tested against llama.cpp).
 
 mod serve_util;
@@ -63,9 +64,27 @@ fn the_openai_python_client_works_unchanged() {
         "--api-key",
         "test-key",
     ]);
+    // Tool calls need a template with a tool-call syntax (SmolLM2's own has none).
+    let reference = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference");
+    let template = reference.join("chat-templates/hermes-tools.jinja");
+    let tools_srv = Server::start(&[
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--api-key",
+        "test-key",
+        "--chat-template-file",
+        template.to_str().unwrap(),
+    ]);
     let expected = cli_chat(QUESTION, 32);
     let mut cmd = Command::new("python3");
     cmd.arg(&script)
+        .env(
+            "EDGE_RUN_TOOLS_BASE_URL",
+            format!("http://{}/v1", tools_srv.addr),
+        )
+        .env("EDGE_RUN_TOOL_SETS", reference.join("tool-sets"))
         .env("EDGE_RUN_BASE_URL", format!("http://{}/v1", srv.addr))
         .env("EDGE_RUN_API_KEY", "test-key")
         .env("EDGE_RUN_QUESTION", QUESTION)
@@ -84,10 +103,12 @@ fn the_openai_python_client_works_unchanged() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "serve_openai.py failed:\n{stdout}\n{stderr}\nserver log:\n{}",
-        srv.log()
+        "serve_openai.py failed:\n{stdout}\n{stderr}\nserver log:\n{}\ntools server log:\n{}",
+        srv.log(),
+        tools_srv.log()
     );
     assert!(stdout.contains("ok: all checks passed"), "{stdout}");
+    assert!(stdout.contains("ok: tool calls checked"), "{stdout}");
     if embed_srv.is_some() {
         assert!(stdout.contains("ok: embeddings equal"), "{stdout}");
     }

@@ -15,12 +15,6 @@ use serde_json::{json, Value};
 
 use super::spec::{Constraint, ConstraintError};
 
-mod stream;
-#[cfg(test)]
-mod tests;
-
-pub use stream::{StreamedCall, ToolCallStream, ToolStreamEvent};
-
 /// The tool-call syntaxes edge-run knows, detected from a chat template.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolCallSyntax {
@@ -61,7 +55,7 @@ impl ToolCallSyntax {
     }
 
     /// The key holding a call's arguments.
-    fn arguments_key(self) -> &'static str {
+    pub(super) fn arguments_key(self) -> &'static str {
         match self {
             ToolCallSyntax::Llama3 => "parameters",
             _ => "arguments",
@@ -369,7 +363,7 @@ pub fn parse_tool_calls(
     Ok((text.trim().to_string(), calls))
 }
 
-/// The id of call `index` of `output` (see [`ToolCallStream::new`] for its form), from a
+/// The id of call `index` of `output` (see [`crate::constrain::tool_stream::ToolCallStream::new`] for its form), from a
 /// hash of the output (FNV-1a): distinct for the calls of a response, stable for an output.
 fn call_id(syntax: ToolCallSyntax, output: &str, index: usize) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -377,5 +371,32 @@ fn call_id(syntax: ToolCallSyntax, output: &str, index: usize) -> String {
         h ^= b as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01B3);
     }
-    stream::call_id(syntax, h, index)
+    call_id_from_seed(syntax, h, index)
+}
+
+/// The id of call `index` of the output whose calls derive from `seed`.
+pub(super) fn call_id_from_seed(syntax: ToolCallSyntax, seed: u64, index: usize) -> String {
+    // splitmix64: distinct, well-spread values for consecutive indices.
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = || {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = z;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    match syntax {
+        ToolCallSyntax::Mistral => {
+            const ABC: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+            let mut x = next();
+            (0..9)
+                .map(|_| {
+                    let c = ABC[(x % ABC.len() as u64) as usize] as char;
+                    x /= ABC.len() as u64;
+                    c
+                })
+                .collect()
+        }
+        _ => format!("call_{:016x}{:08x}", next(), next() as u32),
+    }
 }

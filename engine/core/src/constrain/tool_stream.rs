@@ -1,4 +1,4 @@
-//! Tool calls read from the output as it is generated ([`ToolCallStream`]): text before a call
+//! Tool calls ([`super::tools`]) read from the output as it is generated ([`ToolCallStream`]): text before a call
 //! goes out as text, each call as soon as its name is known, then its arguments in fragments,
 //! as OpenAI's streamed `delta.tool_calls` carry them. The whole output run through it gives
 //! the same calls, so a streamed answer and a whole one agree.
@@ -9,8 +9,11 @@
 
 use serde_json::Value;
 
-use super::{ToolCallSyntax, ToolFunction};
-use crate::constrain::ConstraintError;
+use super::tools::{call_id_from_seed, ToolCallSyntax, ToolFunction};
+use super::ConstraintError;
+
+#[cfg(test)]
+mod tests;
 
 /// What a piece of output amounts to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,7 +210,7 @@ impl ToolCallStream {
                     let name = obj.name();
                     obj.part = Part::Arguments;
                     let index = self.calls.len();
-                    let id = call_id(self.syntax, self.id_seed, index);
+                    let id = call_id_from_seed(self.syntax, self.id_seed, index);
                     out.push(ToolStreamEvent::CallStart {
                         index,
                         id: id.clone(),
@@ -247,7 +250,7 @@ impl ToolCallStream {
                 if obj.part == Part::Head {
                     // A call without arguments: its name, and `{}`.
                     let index = self.calls.len();
-                    let id = call_id(self.syntax, self.id_seed, index);
+                    let id = call_id_from_seed(self.syntax, self.id_seed, index);
                     let name = obj.name();
                     out.push(ToolStreamEvent::CallStart {
                         index,
@@ -321,32 +324,5 @@ impl ToolCallStream {
             }
         }
         Ok(())
-    }
-}
-
-/// The id of call `index` of the output whose calls derive from `seed`.
-pub(super) fn call_id(syntax: ToolCallSyntax, seed: u64, index: usize) -> String {
-    // splitmix64: distinct, well-spread values for consecutive indices.
-    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut next = || {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = z;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^ (x >> 31)
-    };
-    match syntax {
-        ToolCallSyntax::Mistral => {
-            const ABC: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-            let mut x = next();
-            (0..9)
-                .map(|_| {
-                    let c = ABC[(x % ABC.len() as u64) as usize] as char;
-                    x /= ABC.len() as u64;
-                    c
-                })
-                .collect()
-        }
-        _ => format!("call_{:016x}{:08x}", next(), next() as u32),
     }
 }

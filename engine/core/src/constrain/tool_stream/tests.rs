@@ -8,6 +8,7 @@
 use serde_json::{json, Value};
 
 use super::*;
+use crate::constrain::tools::*;
 
 fn tools() -> Vec<ToolFunction> {
     parse_tools(&json!([
