@@ -293,6 +293,44 @@ if TOOLS_BASE:
         check("tool_choice" in str(e) and "fly" in str(e), f"unknown tool_choice function -> 400: {e}")
     print("ok: tool calls checked")
 
+    # The schema set (tests/reference/json-schemas/, 5 prompts each), greedy and sampled, through
+    # the server: every answer must finish (no max_tokens: the budget is the rest of the context,
+    # more than any schema's longest output) and validate against its schema.
+    from concurrent.futures import ThreadPoolExecutor
+
+    sdir = os.environ["EDGE_RUN_SCHEMAS"]
+    with open(os.path.join(sdir, "prompts.json")) as f:
+        schema_prompts = _json.load(f)
+    jobs = []
+    for name in sorted(schema_prompts):
+        with open(os.path.join(sdir, f"{name}.json")) as f:
+            schema = _json.load(f)
+        for p in schema_prompts[name]:
+            for temp, seed in ((0, 1), (0.8, 7)):
+                jobs.append((name, schema, p, temp, seed))
+
+    def answer(job):
+        name, schema, p, temp, seed = job
+        r = tc.chat.completions.create(
+            model=model, temperature=temp, seed=seed,
+            messages=[{"role": "system", "content": "You control a robot. Answer with one JSON value only."}, {"role": "user", "content": p}],
+            response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema}},
+        )
+        out = r.choices[0].message.content
+        try:
+            jsonschema.validate(_json.loads(out), schema)
+            return r.choices[0].finish_reason == "stop", out
+        except Exception as e:  # noqa: BLE001 - any failure is an invalid output
+            return False, f"{out!r}: {e}"
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(answer, jobs))
+    bad = [(j[0], j[2], j[3], out) for j, (ok, out) in zip(jobs, results) if not ok]
+    for b in bad:
+        print("invalid:", b, file=sys.stderr)
+    n_ok = len(jobs) - len(bad)
+    check(len(jobs) >= 200 and not bad, f"schema set through the server: {n_ok}/{len(jobs)} valid ({len(schema_prompts)} schemas x 5 prompts, greedy and sampled)")
+
 # Errors come back as the client's exception classes.
 try:
     client.chat.completions.create(model=model, messages=messages, temperature="hot")

@@ -71,7 +71,9 @@ fn the_openai_python_client_works_unchanged() {
         "-t",
         "1",
         "--ctx",
-        "1024",
+        "2048",
+        "--slots",
+        "2",
         "--api-key",
         "test-key",
         "--chat-template-file",
@@ -85,6 +87,7 @@ fn the_openai_python_client_works_unchanged() {
             format!("http://{}/v1", tools_srv.addr),
         )
         .env("EDGE_RUN_TOOL_SETS", reference.join("tool-sets"))
+        .env("EDGE_RUN_SCHEMAS", reference.join("json-schemas"))
         .env("EDGE_RUN_BASE_URL", format!("http://{}/v1", srv.addr))
         .env("EDGE_RUN_API_KEY", "test-key")
         .env("EDGE_RUN_QUESTION", QUESTION)
@@ -109,6 +112,10 @@ fn the_openai_python_client_works_unchanged() {
     );
     assert!(stdout.contains("ok: all checks passed"), "{stdout}");
     assert!(stdout.contains("ok: tool calls checked"), "{stdout}");
+    let set = stdout
+        .lines()
+        .find(|l| l.starts_with("ok: schema set through the server"));
+    eprintln!("{}", set.unwrap_or("no schema set line"));
     if embed_srv.is_some() {
         assert!(stdout.contains("ok: embeddings equal"), "{stdout}");
     }
