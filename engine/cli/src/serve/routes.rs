@@ -14,6 +14,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use edge_engine::constrain::tools::ToolCallSyntax;
 use edge_engine::generate::GenerateOptions;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -220,7 +221,8 @@ async fn generate(
         max_tokens: req.max_tokens.unwrap_or(st.ctx - n_prompt),
         sampling: req.sampling.clone(),
         stop_at_eog: !req.ignore_eos,
-        render_special: false,
+        // Mistral's [TOOL_CALLS] is a control token: its text must reach the call reader.
+        render_special: prepared.syntax == Some(ToolCallSyntax::Mistral),
         constraint: prepared.constraint,
     };
     let (tx, mut rx) = mpsc::channel(EVENT_BUFFER);
