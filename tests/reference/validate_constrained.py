@@ -161,9 +161,36 @@ def check_english(rec):
     assert ENGLISH.fullmatch(text), "not english.gbnf text"
 
 
+def raw_calls(syntax, out):
+    """The calls in `out`, read as the model's chat template documents its syntax: Hermes
+    `<tool_call>\n{"name", "arguments"}\n</tool_call>` blocks, Llama 3 one
+    `{"name", "parameters"}` object, Mistral `[TOOL_CALLS]` and a JSON list of
+    `{"name", "arguments"}`."""
+    if syntax == "hermes":
+        blocks = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", out, re.S)
+        assert re.sub(r"<tool_call>\n.*?\n</tool_call>\n?", "", out, flags=re.S).strip() == "", "text around the calls"
+        return [(o["name"], o["arguments"]) for o in map(json.loads, blocks)]
+    if syntax == "llama3":
+        o = json.loads(out)
+        assert set(o) == {"name", "parameters"}, f"keys {set(o)}"
+        return [(o["name"], o["parameters"])]
+    if syntax == "mistral":
+        assert out.startswith("[TOOL_CALLS]"), "no [TOOL_CALLS] opening"
+        lst = json.loads(out[len("[TOOL_CALLS]"):])
+        assert isinstance(lst, list) and lst, "not a non-empty list"
+        for o in lst:
+            assert set(o) == {"name", "arguments"}, f"keys {set(o)}"
+        return [(o["name"], o["arguments"]) for o in lst]
+    raise AssertionError(f"unknown syntax {syntax}")
+
+
 def check_tool_call(rec):
     calls = rec["calls"]
     assert calls, "no tool call"
+    if rec.get("syntax"):
+        raw = raw_calls(rec["syntax"], rec["output"])
+        got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+        assert raw == got, f"the output's calls {raw} are not the parsed ones {got}"
     tools = {t["function"]["name"]: t["function"] for t in rec["tools"]}
     for c in calls:
         name = c["function"]["name"]
@@ -172,7 +199,10 @@ def check_tool_call(rec):
             assert name == rec["choice"], f"called {name}, not {rec['choice']}"
         args = json.loads(c["function"]["arguments"])
         jsonschema.validate(args, tools[name].get("parameters", {"type": "object"}))
-        assert c["id"].startswith("call_"), "bad id"
+        if rec.get("syntax") == "mistral":
+            assert re.fullmatch(r"[A-Za-z0-9]{9}", c["id"]), f"bad Mistral id {c['id']}"
+        else:
+            assert re.fullmatch(r"call_[0-9a-f]{24}", c["id"]), f"bad id {c['id']}"
     assert len({c["id"] for c in calls}) == len(calls), "ids repeat"
 
 

@@ -33,7 +33,7 @@ fn load() -> (Arc<Model>, Session) {
     let session = Session::new(
         model.clone(),
         &SessionConfig {
-            ctx: Some(1024),
+            ctx: Some(4096),
             ..Default::default()
         },
     )
@@ -143,7 +143,162 @@ fn chat_ids(
     model.tokenize(&text, true, true).expect("tokenize")
 }
 
-/// Every schema with its 5 prompts under `options`; the outputs go to the validator.
+/// The most bytes a JSON value valid for `schema` can take as llguidance writes it (one line,
+/// `", "` and `": "` separators, a string character at most 6 bytes: `\uXXXX`), or `None`
+/// when nothing bounds it (a `number`'s fraction digits, a string without `maxLength`, an
+/// array without `maxItems`, an open object). Every token is at least one byte, so this many
+/// tokens (and one for the end) always fit the whole value: no output of the set can be cut.
+fn max_output_bytes(schema: &Value, root: &Value) -> Option<usize> {
+    let o = schema.as_object()?;
+    if let Some(r) = o.get("$ref").and_then(Value::as_str) {
+        let def = r.strip_prefix("#/$defs/")?;
+        return max_output_bytes(&root["$defs"][def], root);
+    }
+    if let Some(v) = o.get("const") {
+        return Some(v.to_string().len() * 2);
+    }
+    if let Some(list) = o.get("enum").and_then(Value::as_array) {
+        return list.iter().map(|v| v.to_string().len() * 2).max();
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(list) = o.get(key).and_then(Value::as_array) {
+            let mut rest = o.clone();
+            rest.remove(key);
+            let mut most = 0;
+            for branch in list {
+                let mut merged = rest.clone();
+                for (k, v) in branch.as_object()? {
+                    merged.insert(k.clone(), v.clone());
+                }
+                most = most.max(max_output_bytes(&Value::Object(merged), root)?);
+            }
+            return Some(most);
+        }
+    }
+    if let Some(list) = o.get("allOf").and_then(Value::as_array) {
+        let has_properties = |s: &Value| s.get("properties").is_some();
+        if !has_properties(schema) && !list.iter().any(has_properties) {
+            // The value satisfies every part: the part with the tightest bound bounds it.
+            return list.iter().filter_map(|p| max_output_bytes(p, root)).min();
+        }
+        // Objects: each property satisfies all its schemas, and one closed part closes it.
+        let mut merged = o.clone();
+        merged.remove("allOf");
+        let mut props: serde_json::Map<String, Value> = serde_json::Map::new();
+        for part in std::iter::once(schema).chain(list) {
+            for (k, v) in part.as_object()? {
+                match k.as_str() {
+                    "allOf" => {}
+                    "properties" => {
+                        for (pk, pv) in v.as_object()? {
+                            let e = props
+                                .entry(pk.clone())
+                                .or_insert_with(|| json!({"allOf": []}));
+                            e["allOf"].as_array_mut()?.push(pv.clone());
+                        }
+                    }
+                    "additionalProperties" if v == &Value::Bool(false) => {
+                        merged.insert(k.clone(), v.clone());
+                    }
+                    _ => {
+                        merged.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+            }
+        }
+        merged.insert("properties".into(), Value::Object(props));
+        return max_output_bytes(&Value::Object(merged), root);
+    }
+    let digits = |v: &Value| v.as_i64().map(|n| n.to_string().len());
+    match o.get("type")?.as_str()? {
+        "boolean" => Some(5),
+        "null" => Some(4),
+        "integer" => Some(digits(o.get("minimum")?)?.max(digits(o.get("maximum")?)?)),
+        "string" => {
+            if let Some(p) = o.get("pattern").and_then(Value::as_str) {
+                return pattern_max_chars(p).map(|n| 2 + 6 * n);
+            }
+            Some(2 + 6 * o.get("maxLength")?.as_u64()? as usize)
+        }
+        "array" => {
+            let n = o.get("maxItems")?.as_u64()? as usize;
+            let item = max_output_bytes(o.get("items")?, root)?;
+            Some(2 + n * (item + 2))
+        }
+        "object" => {
+            if o.get("additionalProperties") != Some(&Value::Bool(false)) {
+                return None;
+            }
+            let props = o.get("properties")?.as_object()?;
+            let mut n = 2;
+            for (k, v) in props {
+                n += k.len() * 6 + 2 + 2 + max_output_bytes(v, root)? + 2;
+            }
+            Some(n)
+        }
+        _ => None,
+    }
+}
+
+/// The most characters a match of `pattern` has, for the patterns of the set (literals,
+/// escapes, classes, `{m}`, `{m,n}`, `?`, anchors); `None` for anything unbounded or else.
+fn pattern_max_chars(pattern: &str) -> Option<usize> {
+    let b = pattern.as_bytes();
+    let (mut i, mut n) = (0, 0);
+    while i < b.len() {
+        let one = match b[i] {
+            b'^' | b'$' => {
+                i += 1;
+                continue;
+            }
+            b'\\' => 2,
+            b'[' => pattern[i..].find(']')? + 1,
+            b'(' | b')' | b'|' | b'*' | b'+' | b'.' => return None,
+            _ => 1,
+        };
+        i += one;
+        let mut times = 1;
+        if b.get(i) == Some(&b'{') {
+            let end = i + pattern[i..].find('}')?;
+            let spec = &pattern[i + 1..end];
+            times = spec.rsplit(',').next()?.trim().parse().ok()?;
+            i = end + 1;
+        } else if b.get(i) == Some(&b'?') {
+            i += 1;
+        } else if matches!(b.get(i), Some(b'*' | b'+')) {
+            return None;
+        }
+        n += times;
+    }
+    Some(n)
+}
+
+#[test]
+fn the_output_bound_counts_what_the_schemas_allow() {
+    let v = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+    assert_eq!(pattern_max_chars("^RB-[0-9]{4}-[A-Z]{2}$"), Some(10));
+    assert_eq!(pattern_max_chars("^[0-9]{1,3}\\.[0-9]{1,3}$"), Some(7));
+    assert_eq!(pattern_max_chars("^[0-9]+$"), None);
+    let s = v(r#"{"type": "integer", "minimum": -180, "maximum": 90}"#);
+    assert_eq!(max_output_bytes(&s, &s), Some(4));
+    let s = v(r#"{"type": "number", "minimum": 0, "maximum": 1}"#);
+    assert_eq!(max_output_bytes(&s, &s), None);
+    let s = v(r#"{"type": "object", "properties": {"a": {"type": "boolean"}}}"#);
+    assert_eq!(
+        max_output_bytes(&s, &s),
+        None,
+        "an open object is unbounded"
+    );
+    let s = v(
+        r#"{"type": "object", "properties": {"a": {}}, "additionalProperties": false,
+            "allOf": [{"properties": {"a": {"type": "boolean"}}}]}"#,
+    );
+    assert_eq!(max_output_bytes(&s, &s), Some(2 + 6 + 4 + 5 + 2));
+}
+
+/// Every schema with its 5 prompts under `options`; the outputs go to the validator. Each
+/// schema's token budget is [`max_output_bytes`] + 1: every schema of the set is bounded, and
+/// its budget fits its longest output, so none can be cut.
 fn json_schemas_validate(how: &str, options: &GenerateOptions) {
     let (model, mut session) = load();
     let chat = template(&model, model.chat_template.as_deref().expect("template"));
@@ -159,13 +314,24 @@ fn json_schemas_validate(how: &str, options: &GenerateOptions) {
         let schema: Value = serde_json::from_str(&text).unwrap();
         let constraint = Constraint::json_schema(text.clone());
         model.check_constraint(&constraint).expect(name);
+        let bound = max_output_bytes(&schema, &schema)
+            .unwrap_or_else(|| panic!("{name}: nothing bounds its output's length"));
+        let options = GenerateOptions {
+            max_tokens: bound + 1,
+            ..options.clone()
+        };
         let list = prompts[name].as_array().unwrap();
         assert_eq!(list.len(), 5, "{name}: 5 prompts");
         for p in list {
             let system = "You control a robot. Answer with one JSON value only.";
             let ids = chat_ids(&model, &chat, system, p.as_str().unwrap(), None);
-            let (output, complete) = run(&mut session, &ids, options, &constraint);
-            eprintln!("{name}/{how}: {output}");
+            assert!(ids.len() + bound < session.ctx(), "{name}: the budget fits");
+            let (output, complete) = run(&mut session, &ids, &options, &constraint);
+            assert!(
+                complete,
+                "{name}/{how}: cut within its bound {bound}: {output}"
+            );
+            eprintln!("{name}/{how} (budget {} tokens): {output}", bound + 1);
             records.push(
                 json!({"check": "schema", "name": format!("{name}/{how}: {p}"),
                 "schema": schema, "output": output, "complete": complete}),
@@ -177,13 +343,13 @@ fn json_schemas_validate(how: &str, options: &GenerateOptions) {
 
 #[test]
 fn json_schemas_greedy_outputs_validate() {
-    let [(how, options), _] = both_samplers(256);
+    let [(how, options), _] = both_samplers(0);
     json_schemas_validate(how, &options);
 }
 
 #[test]
 fn json_schemas_sampled_outputs_validate() {
-    let [_, (how, options)] = both_samplers(256);
+    let [_, (how, options)] = both_samplers(0);
     json_schemas_validate(how, &options);
 }
 
@@ -293,7 +459,13 @@ fn tool_calls_are_calls_of_given_functions_with_valid_arguments() {
                         ToolChoice::Required => "required".into(),
                         _ => "auto".into(),
                     };
-                    records.push(json!({"check": "tool_call", "name": format!("{set}/{choice_name}/{how}: {p}"),
+                    // A forced call is read from the output by the validator itself too.
+                    let syntax_name = if must_call {
+                        json!("hermes")
+                    } else {
+                        Value::Null
+                    };
+                    records.push(json!({"check": "tool_call", "syntax": syntax_name, "name": format!("{set}/{choice_name}/{how}: {p}"),
                         "tools": tools_value, "choice": choice_name, "calls": calls,
                         "output": output, "complete": complete}));
                 }
@@ -302,6 +474,83 @@ fn tool_calls_are_calls_of_given_functions_with_valid_arguments() {
     }
     eprintln!("auto mode: {n_auto_calls} outputs with calls");
     validate("tool-calls", &records);
+}
+
+/// The Llama 3 and Mistral syntaxes on the real model: with `required` (greedy and sampled),
+/// a named function, and for Mistral several calls (`parallel`), the output is what those
+/// models' templates document, read by the validator itself (not by edge-run's parser), and
+/// its calls are edge-run's parsed ones, valid for the given functions.
+#[test]
+fn llama3_and_mistral_tool_calls_follow_their_documented_formats() {
+    let (model, mut session) = load();
+    let source =
+        std::fs::read_to_string(reference().join("chat-templates/hermes-tools.jinja")).unwrap();
+    let chat = template(&model, &source);
+    let dir = reference().join("tool-sets");
+    let prompts: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    let mut records = Vec::new();
+    for (set, list) in prompts.as_object().unwrap() {
+        let tools_value: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{set}.json"))).unwrap(),
+        )
+        .unwrap();
+        let tools = parse_tools(&tools_value).expect("tools");
+        let last = tools.last().unwrap().name.clone();
+        for p in list.as_array().unwrap().iter().take(2) {
+            let ids = chat_ids(
+                &model,
+                &chat,
+                "You control a robot.",
+                p.as_str().unwrap(),
+                Some(&tools_value),
+            );
+            for (syntax, name) in [
+                (ToolCallSyntax::Llama3, "llama3"),
+                (ToolCallSyntax::Mistral, "mistral"),
+            ] {
+                let mut cases = vec![
+                    (ToolChoice::Required, false, 0),
+                    (ToolChoice::Required, false, 1),
+                    (ToolChoice::Function(last.clone()), false, 1),
+                ];
+                if syntax == ToolCallSyntax::Mistral {
+                    cases.push((ToolChoice::Required, true, 0));
+                }
+                for (choice, parallel, sampler) in cases {
+                    let constraint = tool_call_constraint(syntax, &tools, &choice, parallel)
+                        .unwrap()
+                        .unwrap();
+                    let (how, options) = both_samplers(160)[sampler].clone();
+                    let (output, complete) = run(&mut session, &ids, &options, &constraint);
+                    eprintln!("{name}/{set}/{choice:?}/{how}: {output}");
+                    if parallel && !complete {
+                        // Several calls given room: SmolLM2 may repeat until the limit.
+                        continue;
+                    }
+                    assert!(complete, "{name} {set} {choice:?} {how}: cut: {output:?}");
+                    let (_, calls) = parse_tool_calls(syntax, &tools, &output)
+                        .unwrap_or_else(|e| panic!("{name} {set} {choice:?}: {e}: {output:?}"));
+                    let calls: Vec<Value> = calls
+                        .iter()
+                        .map(|c| {
+                            json!({"id": c.id, "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments}})
+                        })
+                        .collect();
+                    let choice_name = match &choice {
+                        ToolChoice::Function(f) => f.clone(),
+                        _ => "required".into(),
+                    };
+                    records.push(json!({"check": "tool_call", "syntax": name,
+                        "name": format!("{name}/{set}/{choice_name}/{how}/parallel={parallel}: {p}"),
+                        "tools": tools_value, "choice": choice_name, "calls": calls,
+                        "output": output, "complete": complete}));
+                }
+            }
+        }
+    }
+    validate("tool-calls-llama3-mistral", &records);
 }
 
 #[test]

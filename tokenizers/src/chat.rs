@@ -240,20 +240,40 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        let messages = messages
+            .iter()
+            .map(|m| {
+                Value::from_pairs([("role", m.role.as_str()), ("content", m.content.as_str())])
+            })
+            .collect();
+        self.render_values(messages, tools, add_generation_prompt)
+    }
+
+    /// Renders messages given as JSON objects, with whatever keys they carry (OpenAI's
+    /// `tool_calls` on an assistant message, `tool_call_id` and `name` on a `tool` message),
+    /// as transformers passes message dicts to the template.
+    pub fn render_json_messages(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let messages = messages.iter().map(json_value).collect();
+        self.render_values(messages, tools, add_generation_prompt)
+    }
+
+    fn render_values(
+        &self,
+        messages: Vec<Value>,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| self.convert(e, false))?;
         let ctx = minijinja::context! {
-            messages => Value::from(
-                messages
-                    .iter()
-                    .map(|m| Value::from_pairs([
-                        ("role", m.role.as_str()),
-                        ("content", m.content.as_str()),
-                    ]))
-                    .collect::<Vec<_>>()
-            ),
+            messages => Value::from(messages),
             add_generation_prompt => add_generation_prompt,
             tools => tools.map_or(Value::UNDEFINED, json_value),
             bos_token => &self.bos_token,

@@ -415,6 +415,10 @@ pub struct ServeArgs {
     /// slot-N.state, and restore it at start-up.
     #[arg(long = "state-dir", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Use the Jinja chat template in FILE instead of the model's tokenizer.chat_template
+    /// (e.g. one with a tool-call syntax, for requests with tools).
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
 }
 
 /// The most `serve --slots` takes (each slot is a session and a thread).

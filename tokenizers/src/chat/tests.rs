@@ -354,3 +354,31 @@ fn tools_reach_the_template_as_python_would_dump_them() {
     );
     assert_eq!(t.render_with_tools(&[], None, false).unwrap(), "no tools");
 }
+
+#[test]
+fn json_messages_carry_tool_calls_and_tool_results_to_the_template() {
+    // The fragment of Qwen2.5's template that writes an assistant's calls and a tool's result;
+    // the expected text is that template's documented output for this conversation.
+    let src = concat!(
+        "{%- for m in messages %}",
+        "{%- if m.role == 'assistant' and m.tool_calls %}",
+        "{%- for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}",
+        "{%- elif m.role == 'tool' %}<tool_response id={{ m.tool_call_id }}>\n{{ m.content }}\n</tool_response>",
+        "{%- else %}{{ m.role }}: {{ m.content }}{{ '\n' }}",
+        "{%- endif %}",
+        "{%- endfor %}",
+    );
+    let t = ChatTemplate::new(src, "", "").unwrap();
+    let messages: Vec<serde_json::Value> = serde_json::from_str(
+        r#"[{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 3}"}]"#,
+    )
+    .unwrap();
+    let out = t.render_json_messages(&messages, None, false).unwrap();
+    assert_eq!(
+        out,
+        "user: Weather in Oslo?\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><tool_response id=call_1>\n{\"temp_c\": 3}\n</tool_response>"
+    );
+}

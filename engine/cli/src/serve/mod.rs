@@ -13,6 +13,7 @@ mod prompt;
 mod request;
 mod routes;
 mod slots;
+mod tools;
 mod worker;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
@@ -44,6 +45,15 @@ pub fn serve(a: ServeArgs) -> CliResult<u8> {
         ));
     }
     let addr = resolve(&a.host, a.port)?;
+    let template_file = match &a.chat_template_file {
+        None => None,
+        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| {
+            CliError::usage(format!(
+                "--chat-template-file: cannot read {}: {e}",
+                f.display()
+            ))
+        })?),
+    };
     let model = Arc::new(load_model(&a.model)?);
     let n = a.slots;
     // The cores are shared among the slots unless -t says otherwise.
@@ -93,7 +103,7 @@ pub fn serve(a: ServeArgs) -> CliResult<u8> {
         model_id: model_id(&a.model),
         prompter: sched
             .is_some()
-            .then(|| prompt::Prompter::new(Arc::clone(&model))),
+            .then(|| prompt::Prompter::new(Arc::clone(&model), template_file)),
         sched: sched.clone(),
         embed,
         ctx: plan.ctx,

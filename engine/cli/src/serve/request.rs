@@ -1,15 +1,17 @@
 //! Request bodies: JSON parsed and every field checked, so that a bad one is a 400 naming it
 //! rather than a surprise later. Fields OpenAI's clients send that change nothing here
 //! (`user`, `frequency_penalty: 0`, ...) are accepted; those that would change the output in a
-//! way this server cannot honour (`tools`, `logprobs`, `n > 1`) are refused by name. An output
-//! constraint (`response_format`, `grammar`) becomes a [`Constraint`] for the engine's sampler.
+//! way this server cannot honour (`logprobs`, `n > 1`) are refused by name. An output
+//! constraint (`response_format`, `grammar`) becomes a [`Constraint`] for the engine's sampler;
+//! `tools` are checked by [`super::tools`].
 
+use edge_engine::constrain::tools::ToolChoice;
 use edge_engine::constrain::Constraint;
 use edge_engine::sampling::SamplerConfig;
-use edge_tokenizers::chat::ChatMessage;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::tools::{history_tool_calls, parse_tool_request, ToolRequest};
 
 /// Most stop strings one request may give.
 pub const MAX_STOP: usize = 16;
@@ -17,8 +19,9 @@ pub const MAX_STOP: usize = 16;
 /// What to generate from.
 #[derive(Debug, Clone)]
 pub enum Prompt {
-    /// `/v1/chat/completions`: messages for the model's chat template.
-    Chat(Vec<ChatMessage>),
+    /// `/v1/chat/completions`: messages for the model's chat template (`role` and `content`
+    /// text, and as given `tool_calls`, `tool_call_id`, `name`).
+    Chat(Vec<Value>),
     /// `/v1/completions`: the text, used verbatim.
     Text(String),
 }
@@ -45,6 +48,8 @@ pub struct GenRequest {
     /// `json_schema`), with the field it came from; compiled against the model before the
     /// request is queued.
     pub constraint: Option<(Constraint, &'static str)>,
+    /// The tools the model may call (chat only).
+    pub tools: Option<ToolRequest>,
 }
 
 /// Parses a JSON body into an object, or the 400 that says why it is not one.
@@ -112,14 +117,6 @@ fn opt_int(o: &Map<String, Value>, name: &str, lo: u64, hi: u64) -> Result<Optio
 
 /// Fields that would change the answer in ways not supported yet: refused by name.
 fn refuse_unsupported(o: &Map<String, Value>) -> Result<(), ApiError> {
-    for name in ["tools", "tool_choice", "functions", "function_call"] {
-        if get(o, name).is_some() {
-            return Err(ApiError::field(
-                name,
-                "tool calls are not supported yet by edge-run serve (the command line's --tools is); leave it out, or constrain the answer with response_format",
-            ));
-        }
-    }
     if opt_int(o, "n", 1, u64::MAX)?.is_some_and(|n| n != 1) {
         return Err(ApiError::field("n", "only n = 1 is supported"));
     }
@@ -206,7 +203,7 @@ fn message_text(i: usize, content: Option<&Value>) -> Result<String, ApiError> {
     }
 }
 
-fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn messages(o: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
     let list = match get(o, "messages") {
         None => {
             return Err(ApiError::field(
@@ -240,13 +237,23 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
                     ))
                 }
             };
-            if m.get("tool_calls").is_some_and(|v| !v.is_null()) {
-                return Err(ApiError::field(
-                    &format!("messages[{i}].tool_calls"),
-                    "tool calls are not supported yet",
-                ));
+            let mut out = json!({"role": role, "content": message_text(i, m.get("content"))?});
+            if let Some(calls) = m.get("tool_calls").filter(|v| !v.is_null()) {
+                out["tool_calls"] = history_tool_calls(i, calls)?;
             }
-            Ok(ChatMessage::new(role, message_text(i, m.get("content"))?))
+            for key in ["tool_call_id", "name"] {
+                match m.get(key) {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(v)) => out[key] = json!(v),
+                    Some(_) => {
+                        return Err(ApiError::field(
+                            &format!("messages[{i}].{key}"),
+                            "must be a string",
+                        ))
+                    }
+                }
+            }
+            Ok(out)
         })
         .collect()
 }
@@ -296,6 +303,18 @@ pub fn parse_generation(body: &[u8], chat: bool) -> Result<GenRequest, ApiError>
         return Err(ApiError::field("model", "must be a string"));
     }
     refuse_unsupported(&o)?;
+    let tools = match chat {
+        true => parse_tool_request(&o)?,
+        false => match ["tools", "tool_choice"].into_iter().find(|n| get(&o, n).is_some()) {
+            Some(name) => {
+                return Err(ApiError::field(
+                    name,
+                    "tool calls are for /v1/chat/completions (the chat template shows the tools to the model)",
+                ))
+            }
+            None => None,
+        },
+    };
     let prompt = if chat {
         Prompt::Chat(messages(&o)?)
     } else {
@@ -354,6 +373,15 @@ pub fn parse_generation(body: &[u8], chat: bool) -> Result<GenRequest, ApiError>
     if let Err(e) = sampling.validate() {
         return Err(ApiError::bad_request(crate::errors::hint(&e)));
     }
+    let constraint = constraint(&o)?;
+    if let (Some(t), Some((_, field))) = (&tools, &constraint) {
+        if t.choice != ToolChoice::None {
+            return Err(ApiError::field(
+                field,
+                "give either tools or an output constraint, not both (or tool_choice \"none\")",
+            ));
+        }
+    }
     Ok(GenRequest {
         prompt,
         stream,
@@ -362,7 +390,8 @@ pub fn parse_generation(body: &[u8], chat: bool) -> Result<GenRequest, ApiError>
         sampling,
         stop: stop_strings(&o)?,
         ignore_eos: opt_bool(&o, "ignore_eos")?.unwrap_or(false),
-        constraint: constraint(&o)?,
+        constraint,
+        tools,
     })
 }
 

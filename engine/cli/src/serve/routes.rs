@@ -14,6 +14,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use edge_engine::constrain::tools::ToolCallSyntax;
 use edge_engine::generate::GenerateOptions;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -23,6 +24,7 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 use super::prompt::Prompter;
 use super::request::{parse_embeddings, parse_generation, GenRequest};
+use super::tools::CallReader;
 use super::worker::{Event, Finish, Job, Scheduler};
 
 /// The largest request body taken (413 beyond).
@@ -192,19 +194,14 @@ async fn generate(
         ));
     };
     let st2 = Arc::clone(st);
-    let prompt = req.prompt.clone();
-    let constraint = req.constraint.clone();
-    let tokens = tokio::task::spawn_blocking(move || {
-        st2.prompter.as_ref().map(|p| {
-            if let Some((c, param)) = &constraint {
-                p.check_constraint(c, param)?;
-            }
-            p.tokens(&prompt)
-        })
-    })
-    .await
-    .map_err(|_| ApiError::internal("tokenizing the prompt failed"))?
-    .ok_or_else(|| ApiError::internal("no prompter"))??;
+    let req = Arc::new(req);
+    let req2 = Arc::clone(&req);
+    let prepared =
+        tokio::task::spawn_blocking(move || st2.prompter.as_ref().map(|p| p.prepare(&req2)))
+            .await
+            .map_err(|_| ApiError::internal("tokenizing the prompt failed"))?
+            .ok_or_else(|| ApiError::internal("no prompter"))??;
+    let tokens = prepared.tokens;
     if tokens.len() >= st.ctx {
         return Err(ApiError {
             param: Some(if chat { "messages" } else { "prompt" }.into()),
@@ -224,8 +221,9 @@ async fn generate(
         max_tokens: req.max_tokens.unwrap_or(st.ctx - n_prompt),
         sampling: req.sampling.clone(),
         stop_at_eog: !req.ignore_eos,
-        render_special: false,
-        constraint: req.constraint.as_ref().map(|(c, _)| c.clone()),
+        // Mistral's [TOOL_CALLS] is a control token: its text must reach the call reader.
+        render_special: prepared.syntax == Some(ToolCallSyntax::Mistral),
+        constraint: prepared.constraint,
     };
     let (tx, mut rx) = mpsc::channel(EVENT_BUFFER);
     let cancel = Arc::new(AtomicBool::new(false));
@@ -254,14 +252,19 @@ async fn generate(
         Some(ev) => ev,
         None => return Err(ApiError::internal("the generation ended without an answer")),
     };
+    let id = next_id(if chat { "chatcmpl" } else { "cmpl" });
+    let calls = match (&req.tools, prepared.syntax) {
+        (Some(t), Some(syntax)) => Some(CallReader::new(t, syntax, id_seed(&id))),
+        _ => None,
+    };
     let fmt = Formatter {
-        id: next_id(if chat { "chatcmpl" } else { "cmpl" }),
+        id,
         created: now_secs(),
         model: st.model_id.clone(),
         chat,
     };
     if req.stream {
-        Ok(sse(fmt, req, first, rx, guard))
+        Ok(sse(fmt, &req, first, rx, guard, calls))
     } else {
         let mut text = String::new();
         let mut ev = Some(first);
@@ -270,7 +273,14 @@ async fn generate(
                 Some(Event::Text(t)) => text.push_str(&t),
                 Some(Event::Done(f)) => {
                     drop(guard);
-                    return Ok(Json(fmt.whole(&text, &f)).into_response());
+                    let answer = match calls {
+                        Some(c) => {
+                            let (message, called) = c.message(&text)?;
+                            fmt.whole_message(message, finish_reason(&f, called), &f)
+                        }
+                        None => fmt.whole(&text, &f),
+                    };
+                    return Ok(Json(answer).into_response());
                 }
                 Some(Event::Error(e)) => return Err(e),
                 None => return Err(ApiError::internal("the generation ended without an answer")),
@@ -297,18 +307,41 @@ fn usage(f: &Finish) -> Value {
     })
 }
 
+/// The id of a request's calls, from its id.
+fn id_seed(id: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write(id.as_bytes());
+    h.finish()
+}
+
+/// OpenAI's finish reason: "tool_calls" when the answer ended after making calls.
+fn finish_reason(f: &Finish, called: bool) -> &'static str {
+    match f.reason {
+        super::worker::FinishReason::Stop if called => "tool_calls",
+        r => r.name(),
+    }
+}
+
 impl Formatter {
     fn whole(&self, text: &str, f: &Finish) -> Value {
-        let choice = if self.chat {
-            json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": f.reason.name(),
-            })
-        } else {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": f.reason.name()})
-        };
+        if self.chat {
+            let message = json!({"role": "assistant", "content": text});
+            return self.whole_message(message, f.reason.name(), f);
+        }
+        let choice =
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": f.reason.name()});
+        self.answer(choice, f)
+    }
+
+    /// A chat answer holding `message`.
+    fn whole_message(&self, message: Value, finish: &str, f: &Finish) -> Value {
+        let choice =
+            json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish});
+        self.answer(choice, f)
+    }
+
+    fn answer(&self, choice: Value, f: &Finish) -> Value {
         json!({
             "id": self.id,
             "object": if self.chat { "chat.completion" } else { "text_completion" },
@@ -344,9 +377,9 @@ impl Formatter {
         }
     }
 
-    fn end(&self, f: &Finish, include_usage: bool) -> String {
+    fn end(&self, f: &Finish, finish: &str, include_usage: bool) -> String {
         let delta = if self.chat { json!({}) } else { json!("") };
-        let mut out = self.chunk(delta, Some(f.reason.name()));
+        let mut out = self.chunk(delta, Some(finish));
         if include_usage {
             let v = json!({
                 "id": self.id,
@@ -370,15 +403,33 @@ struct Stream {
     opening: bool,
     rx: mpsc::Receiver<Event>,
     done: bool,
+    /// With tools: the reader that turns the text into content and `tool_calls` deltas.
+    calls: Option<CallReader>,
     _guard: CancelOnDrop,
+}
+
+impl Stream {
+    /// The chunks of `piece` of the text (`None`: its end).
+    fn text(&mut self, piece: Option<&str>, out: &mut String) {
+        match (&mut self.calls, piece) {
+            (Some(c), p) => {
+                for delta in c.deltas(p) {
+                    out.push_str(&self.fmt.chunk(delta, None));
+                }
+            }
+            (None, Some(t)) => out.push_str(&self.fmt.text(t)),
+            (None, None) => {}
+        }
+    }
 }
 
 fn sse(
     fmt: Formatter,
-    req: GenRequest,
+    req: &GenRequest,
     first: Event,
     rx: mpsc::Receiver<Event>,
     guard: CancelOnDrop,
+    calls: Option<CallReader>,
 ) -> Response {
     let state = Stream {
         fmt,
@@ -387,6 +438,7 @@ fn sse(
         opening: true,
         rx,
         done: false,
+        calls,
         _guard: guard,
     };
     let stream = futures_util::stream::unfold(state, |mut s| async move {
@@ -406,10 +458,12 @@ fn sse(
             None => s.rx.recv().await,
         };
         match ev {
-            Some(Event::Text(t)) => out.push_str(&s.fmt.text(&t)),
+            Some(Event::Text(t)) => s.text(Some(&t), &mut out),
             Some(Event::Done(f)) => {
                 s.done = true;
-                out.push_str(&s.fmt.end(&f, s.include_usage));
+                s.text(None, &mut out);
+                let called = s.calls.as_ref().is_some_and(CallReader::called);
+                out.push_str(&s.fmt.end(&f, finish_reason(&f, called), s.include_usage));
             }
             Some(Event::Error(e)) => {
                 s.done = true;

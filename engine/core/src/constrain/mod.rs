@@ -26,6 +26,7 @@
 mod gbnf;
 mod guide;
 mod spec;
+pub mod tool_stream;
 pub mod tools;
 mod vocab;
 

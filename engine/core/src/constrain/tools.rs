@@ -55,7 +55,7 @@ impl ToolCallSyntax {
     }
 
     /// The key holding a call's arguments.
-    fn arguments_key(self) -> &'static str {
+    pub(super) fn arguments_key(self) -> &'static str {
         match self {
             ToolCallSyntax::Llama3 => "parameters",
             _ => "arguments",
@@ -355,7 +355,7 @@ pub fn parse_tool_calls(
             .unwrap_or_else(|| json!({}));
         let arguments = args.to_string();
         calls.push(ToolCall {
-            id: call_id(output, i),
+            id: call_id(syntax, output, i),
             name: name.to_string(),
             arguments,
         });
@@ -363,13 +363,40 @@ pub fn parse_tool_calls(
     Ok((text.trim().to_string(), calls))
 }
 
-/// `call_` and 24 hex digits from the output and the call's index (FNV-1a): distinct for the
-/// calls of a response, stable for a given output.
-fn call_id(output: &str, index: usize) -> String {
-    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
-    for b in output.bytes().chain(index.to_le_bytes()) {
-        h ^= b as u128;
-        h = h.wrapping_mul(0x0000_0000_0100_0000_0000_0000_0000_013B);
+/// The id of call `index` of `output` (see [`crate::constrain::tool_stream::ToolCallStream::new`] for its form), from a
+/// hash of the output (FNV-1a): distinct for the calls of a response, stable for an output.
+fn call_id(syntax: ToolCallSyntax, output: &str, index: usize) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in output.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
     }
-    format!("call_{:024x}", h >> 32)
+    call_id_from_seed(syntax, h, index)
+}
+
+/// The id of call `index` of the output whose calls derive from `seed`.
+pub(super) fn call_id_from_seed(syntax: ToolCallSyntax, seed: u64, index: usize) -> String {
+    // splitmix64: distinct, well-spread values for consecutive indices.
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = || {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = z;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    match syntax {
+        ToolCallSyntax::Mistral => {
+            const ABC: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+            let mut x = next();
+            (0..9)
+                .map(|_| {
+                    let c = ABC[(x % ABC.len() as u64) as usize] as char;
+                    x /= ABC.len() as u64;
+                    c
+                })
+                .collect()
+        }
+        _ => format!("call_{:016x}{:08x}", next(), next() as u32),
+    }
 }
