@@ -51,20 +51,49 @@ unsafe fn swiglu_row_inplace_fma(x: &mut [f32], up: &[f32]) {
 }
 
 /// ggml's GELU (tanh approximation) of the gate times `up`, as its CPU GeGLU computes it: the
-/// gate rounded to f16, GELU from a table of f16 results, 0 below -10 and the identity above 10.
+/// gate rounded to f16, GELU from a table of f16 results ([`gelu_f16_table`]), 0 below -10 and
+/// the identity above 10.
 #[inline(always)]
 pub fn geglu(gate: f32, up: f32) -> f32 {
-    const GELU_COEF_A: f32 = 0.044715;
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     if gate <= -10.0 {
         0.0
     } else if gate >= 10.0 {
         gate * up
     } else {
-        let x = f16::from_f32(gate).to_f32();
-        let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh());
-        f16::from_f32(g).to_f32() * up
+        gelu_f16(gate) * up
     }
+}
+
+/// `f16(gelu_tanh(f16(x)))` widened to f32, looked up in [`gelu_f16_table`].
+#[inline(always)]
+pub fn gelu_f16(x: f32) -> f32 {
+    let t = gelu_f16_table();
+    f16::from_bits(t[usize::from(f16::from_f32(x).to_bits())]).to_f32()
+}
+
+/// The GELU (tanh approximation) of every f16 value, rounded to f16, by bit pattern: what
+/// ggml's `ggml_table_gelu_f16` holds. Built on first use (65,536 `tanhf`, about a millisecond)
+/// in static storage, so that a GeGLU costs a lookup per element instead of a `tanhf` (which was
+/// a seventh of a Gemma-class model's prefill).
+pub fn gelu_f16_table() -> &'static [u16; 1 << 16] {
+    static TABLE: std::sync::OnceLock<[u16; 1 << 16]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = [0u16; 1 << 16];
+        for (bits, e) in t.iter_mut().enumerate() {
+            let x = f16::from_bits(bits as u16).to_f32();
+            *e = f16::from_f32(gelu_tanh_f32(x)).to_bits();
+        }
+        t
+    })
+}
+
+/// `0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))` in f32, operation by operation as ggml's
+/// `ggml_gelu_f32`.
+#[inline(always)]
+pub fn gelu_tanh_f32(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
 }
 
 /// `cap * tanh(score / cap)` as ggml computes it (scale by 1/cap, tanh, scale by cap), or the
@@ -108,5 +137,38 @@ mod tests {
         assert!((soft_cap(0.5, Some(50.0)) - 0.5).abs() < 1e-4);
         assert_eq!(geglu(-11.0, 2.0), 0.0);
         assert_eq!(geglu(11.0, 2.0), 22.0);
+    }
+
+    /// The table gives, for every gate in (-10, 10), what computing the f16-rounded GELU
+    /// directly gives (the formula this file had before the table).
+    #[test]
+    fn geglu_table_equals_the_direct_formula() {
+        let direct = |gate: f32, up: f32| {
+            let x = f16::from_f32(gate).to_f32();
+            f16::from_f32(gelu_tanh_f32(x)).to_f32() * up
+        };
+        let mut r = Rng::new(17);
+        for _ in 0..20_000 {
+            let (g, u) = (r.f32(12.0), r.f32(2.0));
+            let want = if g <= -10.0 {
+                0.0
+            } else if g >= 10.0 {
+                g * u
+            } else {
+                direct(g, u)
+            };
+            assert_eq!(geglu(g, u).to_bits(), want.to_bits(), "gate {g} up {u}");
+        }
+        // Every f16 gate in range, exactly.
+        for bits in 0..=u16::MAX {
+            let g = f16::from_bits(bits).to_f32();
+            if g > -10.0 && g < 10.0 {
+                assert_eq!(
+                    geglu(g, 1.5).to_bits(),
+                    direct(g, 1.5).to_bits(),
+                    "{bits:#x}"
+                );
+            }
+        }
     }
 }

@@ -50,8 +50,8 @@ pub fn gelu(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let h = f16::from_f32(x).to_f32();
-        f16::from_f32(gelu_tanh(h)).to_f32()
+        // The table holds f16(gelu_tanh(h)) for every f16 h (the same formula as `gelu_tanh`).
+        super::activations::gelu_f16(x)
     }
 }
 
