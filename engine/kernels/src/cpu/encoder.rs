@@ -2,8 +2,6 @@
 //! one (token, head), and pooling. Plain scalar loops, each following ggml's CPU operator where
 //! the order of operations can change the result.
 
-use half::f16;
-
 /// LayerNorm with weight and bias: `out[i] = ((x[i] - mean) * scale) * w[i] + b[i]` with
 /// `scale = 1 / sqrtf(var + eps)` and `var` the mean of the centred squares.
 ///
@@ -96,6 +94,7 @@ pub fn attend_all<'a>(
 mod tests {
     use super::*;
     use crate::testutil::Rng;
+    use half::f16;
 
     #[test]
     fn layer_norm_matches_the_formula() {

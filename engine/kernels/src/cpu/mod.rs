@@ -1059,8 +1059,8 @@ impl Kernels {
 
 impl Kernels {
     /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
-    /// from sharing each weight block's unpacking among 8 tokens (Q4_1 and repacked Q4_0 with
-    /// AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
+    /// from sharing each weight block's unpacking among 8 tokens (Q4_1, Q5_0 and repacked Q4_0
+    /// with AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
     /// Results are bit-identical to one token at a time.
     ///
     /// # Panics
@@ -1076,7 +1076,7 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
-            if !t.avx512() || !matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1) {
+            if !t.avx512() || !matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0) {
                 return false;
             }
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
@@ -1096,6 +1096,28 @@ impl Kernels {
             if w_ty == GgmlType::Q4_0 {
                 let x = x_q.map(|x| blocks(&x[..xb]));
                 q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y);
+                return true;
+            }
+            if w_ty == GgmlType::Q5_0 {
+                // Two rows per call (they share the activations' loads), the odd one alone.
+                let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                let mut pairs = w_rows.chunks_exact(2 * rb);
+                let mut i = 0;
+                for wr in pairs.by_ref() {
+                    let (w0, w1) = wr.split_at(rb);
+                    let r = avx2_quants::dot_q5_0_q8_0_x8(t, [blocks(w0), blocks(w1)], x);
+                    for (yt, (a, b)) in y.iter_mut().zip(r[0].into_iter().zip(r[1])) {
+                        yt[i] = a;
+                        yt[i + 1] = b;
+                    }
+                    i += 2;
+                }
+                if !pairs.remainder().is_empty() {
+                    let [r] = avx2_quants::dot_q5_0_q8_0_x8(t, [blocks(pairs.remainder())], x);
+                    for (yt, a) in y.iter_mut().zip(r) {
+                        yt[i] = a;
+                    }
+                }
                 return true;
             }
             let x = x_q.map(|x| blocks::<BlockQ8_1>(&x[..xb]));
