@@ -598,7 +598,9 @@ mod simd {
         let n = accs.len() / slots;
         if slots == LANES {
             // SAFETY: this function's features and lengths are the slot-major kernel's.
-            return unsafe { axpy_f16_rows_by_slot(accs, slots, first_term, rows, stride, off, probs) };
+            return unsafe {
+                axpy_f16_rows_by_slot(accs, slots, first_term, rows, stride, off, probs)
+            };
         }
         if slots.is_multiple_of(8) {
             // Eight slots' accumulators of one 8-column chunk stay in registers while every term
