@@ -259,8 +259,14 @@ pub fn accumulated_sums(accs: &[f32], out: &mut [f32]) {
     let n = out.len();
     let width = accs.len().checked_div(n).unwrap_or(0);
     debug_assert!(n == 0 || width == LANES || width == STEP_LANES);
+    let mut c_start = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() && (width == LANES || width == STEP_LANES) {
+        // SAFETY: AVX2, FMA and F16C are present (checked); `accs` holds `width` slots of n.
+        c_start = unsafe { simd::accumulated_sums(&accs[..width * n], width, out) };
+    }
     let at = |slot: usize, d: usize| accs[slot * n + d];
-    for c0 in (0..n).step_by(8) {
+    for c0 in (c_start..n).step_by(8) {
         let m = (n - c0).min(8);
         let mut lanes = [[0.0f32; 8]; LANES];
         for (l, lane) in lanes.iter_mut().enumerate() {
@@ -764,6 +770,58 @@ mod simd {
                 }
             }
         }
+    }
+
+    /// [`super::accumulated_sums`] of the whole 8-column chunks, in registers: the same
+    /// additions of the same pairs per column. Returns the columns done.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `accs.len() == width * out.len()`, `width` is 16 or 64.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn accumulated_sums(accs: &[f32], width: usize, out: &mut [f32]) -> usize {
+        let n = out.len();
+        debug_assert_eq!(accs.len(), width * n);
+        let full = n - n % 8;
+        // (Loops, not closures: closures do not inherit the target features.)
+        let p = accs.as_ptr();
+        let mut c = 0;
+        while c < full {
+            let mut lanes = [_mm256_setzero_ps(); LANES];
+            for (l, v) in lanes.iter_mut().enumerate() {
+                // SAFETY: every slot read is < width and c + 8 <= full <= n: inside `accs`
+                // (the contract).
+                *v = unsafe {
+                    if width == LANES {
+                        _mm256_loadu_ps(p.add(l * n + c))
+                    } else {
+                        _mm256_add_ps(
+                            _mm256_add_ps(
+                                _mm256_loadu_ps(p.add(l * n + c)),
+                                _mm256_loadu_ps(p.add((2 * LANES + l) * n + c)),
+                            ),
+                            _mm256_add_ps(
+                                _mm256_loadu_ps(p.add((LANES + l) * n + c)),
+                                _mm256_loadu_ps(p.add((3 * LANES + l) * n + c)),
+                            ),
+                        )
+                    }
+                };
+            }
+            // reduce16 on every column: t3[i] = a[i + 8] + a[i]; t6[i] = t3[i + 4] + t3[i].
+            let mut t3 = [_mm256_setzero_ps(); 8];
+            for i in 0..8 {
+                t3[i] = _mm256_add_ps(lanes[i + 8], lanes[i]);
+            }
+            let mut t6 = [_mm256_setzero_ps(); 4];
+            for i in 0..4 {
+                t6[i] = _mm256_add_ps(t3[i + 4], t3[i]);
+            }
+            let r = _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]));
+            // SAFETY: c + 8 <= full <= out.len().
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c), r) };
+            c += 8;
+        }
+        full
     }
 
     /// [`super::scale_round_f16`].

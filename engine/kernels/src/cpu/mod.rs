@@ -1099,25 +1099,31 @@ impl Kernels {
                 return true;
             }
             if w_ty == GgmlType::Q5_0 {
-                // Two rows per call (they share the activations' loads), the odd one alone.
+                // Rows four at a time (they share the activations' loads), then two, then one.
                 let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
-                let mut pairs = w_rows.chunks_exact(2 * rb);
+                let n_rows = w_rows.len() / rb;
+                let row = |r: usize| blocks::<q5_0::BlockQ5_0>(&w_rows[r * rb..(r + 1) * rb]);
                 let mut i = 0;
-                for wr in pairs.by_ref() {
-                    let (w0, w1) = wr.split_at(rb);
-                    let r = avx2_quants::dot_q5_0_q8_0_x8(t, [blocks(w0), blocks(w1)], x);
-                    for (yt, (a, b)) in y.iter_mut().zip(r[0].into_iter().zip(r[1])) {
-                        yt[i] = a;
-                        yt[i + 1] = b;
-                    }
-                    i += 2;
+                macro_rules! rows {
+                    ($r:literal) => {
+                        while i + $r <= n_rows {
+                            let r = avx2_quants::dot_q5_0_q8_0_x8::<$r>(
+                                t,
+                                std::array::from_fn(|k| row(i + k)),
+                                x,
+                            );
+                            for (k, rk) in r.iter().enumerate() {
+                                for (yt, v) in y.iter_mut().zip(rk) {
+                                    yt[i + k] = *v;
+                                }
+                            }
+                            i += $r;
+                        }
+                    };
                 }
-                if !pairs.remainder().is_empty() {
-                    let [r] = avx2_quants::dot_q5_0_q8_0_x8(t, [blocks(pairs.remainder())], x);
-                    for (yt, a) in y.iter_mut().zip(r) {
-                        yt[i] = a;
-                    }
-                }
+                rows!(4);
+                rows!(2);
+                rows!(1);
                 return true;
             }
             let x = x_q.map(|x| blocks::<BlockQ8_1>(&x[..xb]));
