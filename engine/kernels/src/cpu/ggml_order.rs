@@ -259,6 +259,7 @@ pub fn accumulated_sums(accs: &[f32], out: &mut [f32]) {
     let n = out.len();
     let width = accs.len().checked_div(n).unwrap_or(0);
     debug_assert!(n == 0 || width == LANES || width == STEP_LANES);
+    #[allow(unused_mut)] // no SIMD path off x86-64
     let mut c_start = 0;
     #[cfg(target_arch = "x86_64")]
     if simd::available() && (width == LANES || width == STEP_LANES) {

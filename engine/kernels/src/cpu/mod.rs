@@ -1106,7 +1106,7 @@ impl Kernels {
                 let mut i = 0;
                 macro_rules! rows {
                     ($r:literal) => {
-                        while i + $r <= n_rows {
+                        while n_rows - i >= $r {
                             let r = avx2_quants::dot_q5_0_q8_0_x8::<$r>(
                                 t,
                                 std::array::from_fn(|k| row(i + k)),
