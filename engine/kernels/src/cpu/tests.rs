@@ -280,9 +280,17 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             (GgmlType::Q5_0, 24, 0..24),
             (GgmlType::Q5_0, 24, 5..21),
             (GgmlType::Q5_0, 24, 3..24),
+            (GgmlType::Q8_0, 7, 0..7),
+            (GgmlType::Q8_0, 16, 0..16),
+            (GgmlType::Q8_0, 24, 0..24),
+            (GgmlType::Q8_0, 24, 5..21),
         ] {
             // 7 blocks (odd) for Q5_0, which llama.cpp never repacks; 256 for the others.
-            let n = if ty == GgmlType::Q5_0 { 224 } else { 256 };
+            let n = if matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
+                224
+            } else {
+                256
+            };
             let xt = ty.vec_dot_type();
             let w: Vec<u8> = (0..rows)
                 .flat_map(|_| any_weight_row(&mut r, ty, n))
@@ -307,7 +315,7 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             );
             // The types with an 8-token kernel take it on AVX-512 (so that this test checks it).
             assert!(
-                done || k.isa_name() != "avx512" || ty != GgmlType::Q5_0,
+                done || k.isa_name() != "avx512" || !matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0),
                 "avx512 declined {ty}"
             );
             if !done {
@@ -329,13 +337,13 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 );
             }
         }
-        // Q8_0 has no 8-token kernel.
-        let w = weight_row(&mut r, GgmlType::Q8_0, 32);
-        let x = vec![0u8; bytes_of(GgmlType::Q8_0, 32)];
+        // Q5_1 has no 8-token kernel.
+        let w = vec![0u8; bytes_of(GgmlType::Q5_1, 32)];
+        let x = vec![0u8; bytes_of(GgmlType::Q8_1, 32)];
         let mut ys = [[0.0f32; 1]; MATVEC_TOKENS8];
         let [a, b, c, d, e, f, g, h] = &mut ys;
         assert!(!k.matvec_tokens8(
-            GgmlType::Q8_0,
+            GgmlType::Q5_1,
             32,
             &w,
             [&x[..]; MATVEC_TOKENS8],
