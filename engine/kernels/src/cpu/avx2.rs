@@ -351,6 +351,24 @@ pub(super) fn dot_q4_1_q8_1_x8(t: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 8]) 
     unsafe { super::avx512::dot_q4_1_q8_1_x8(w, x) }
 }
 
+/// [`dot_q8_0_q8_0`] of `R` weight rows with 8 activation rows at once, with the AVX-512 VNNI
+/// kernel (bit-identical to `8 * R` calls of it).
+///
+/// # Panics
+/// If `t` is not an AVX-512 token, the rows differ in length or an activation row is shorter.
+pub(super) fn dot_q8_0_q8_0_x8<const R: usize>(
+    t: Token,
+    w: [&[BlockQ8_0]; R],
+    x: [&[BlockQ8_0]; 8],
+) -> [[f32; 8]; R] {
+    assert!(t.avx512(), "the 8-token kernel needs an AVX-512 token");
+    let n = w.first().map_or(0, |r| r.len());
+    assert!(w.iter().all(|r| r.len() == n), "row lengths differ");
+    assert!(x.iter().all(|r| r.len() >= n), "activation row too short");
+    // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+    unsafe { super::avx512::dot_q8_0_q8_0_x8(w, x) }
+}
+
 /// [`dot_q4_1_q8_1`] of two weight rows (bit-identical to two calls), with the AVX-512 VNNI
 /// kernel.
 ///

@@ -378,6 +378,149 @@ pub(super) unsafe fn dot_q5_0_q8_0_x4(w: &[BlockQ5_0], x: [&[BlockQ8_0]; 4]) -> 
     [s0, s1, s2, s3]
 }
 
+/// [`dot_q5_0_q8_0_x4`] for `R` weight rows (1 or 2) and 8 tokens (prefill): each weight block
+/// is unpacked (quants, `q - 16`, the lanes' starting offsets, `d_w`) once for 8 tokens, and each
+/// token's biased activation block is loaded once for the `R` rows, so that per pair of tokens
+/// and row only the `vpdpbusd`, the conversion, the scale's broadcast and the `fma` remain.
+/// Every lane sees the one-token kernel's sequence of operations: results are bit-identical
+/// to [`dot_q5_0_q8_0_x4`] and to the AVX2 one-token kernel.
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`]; every `x[t].len()` is at least
+/// every `w[r].len()`, and the `w[r]` have one length.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q5_0_q8_0_x8<const R: usize>(
+    w: [&[BlockQ5_0]; R],
+    x: [&[BlockQ8_0]; 8],
+) -> [[f32; 8]; R] {
+    let zero = _mm512_setzero_si512();
+    let sixteen = _mm512_set1_epi8(16);
+    let bias = _mm512_set1_epi8(-128);
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    // Lanes of the 8 scale products holding tokens (2p, 2p + 1), each spread over 8 lanes.
+    let idx = [
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
+        _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
+    ];
+    let nb = if R == 0 { 0 } else { w[0].len() };
+    for i in 0..nb {
+        let mut xd = [0i16; 8];
+        let mut y = [zero; 4];
+        for p in 0..4 {
+            // SAFETY: i < nb <= x[t].len() (caller).
+            let (a, b) = unsafe { (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i)) };
+            xd[2 * p] = i16::from_le_bytes(a.d);
+            xd[2 * p + 1] = i16::from_le_bytes(b.d);
+            y[p] = _mm512_xor_si512(load_q8_pair(&a.qs, &b.qs), bias);
+        }
+        let dx = _mm256_cvtph_ps(_mm_setr_epi16(
+            xd[0], xd[1], xd[2], xd[3], xd[4], xd[5], xd[6], xd[7],
+        ));
+        for r in 0..R {
+            // SAFETY: i < nb = w[r].len() (caller: the rows have one length).
+            let bw = unsafe { w[r].get_unchecked(i) };
+            // SAFETY: AVX2 is among this function's features.
+            let q = unsafe { q5_quants(&bw.qh, &bw.qs) };
+            let qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
+            let signed = _mm512_sub_epi8(qq, sixteen);
+            // 128 * sum(16 - q) per lane (`bias` read as unsigned 128).
+            let start = _mm512_dpbusd_epi32(zero, bias, _mm512_sub_epi8(sixteen, qq));
+            let dw = _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bw.d)));
+            // [d_w*d_x0, .., d_w*d_x7]: each lane the one-token product.
+            let d = _mm512_castps256_ps512(_mm256_mul_ps(dw, dx));
+            for p in 0..4 {
+                let prod = _mm512_dpbusd_epi32(start, y[p], signed);
+                acc[r][p] = _mm512_fmadd_ps(
+                    _mm512_permutexvar_ps(idx[p], d),
+                    _mm512_cvtepi32_ps(prod),
+                    acc[r][p],
+                );
+            }
+        }
+    }
+    let mut out = [[0.0f32; 8]; R];
+    for r in 0..R {
+        for p in 0..4 {
+            let (a, b) = hsum_pair(acc[r][p]);
+            out[r][2 * p] = a;
+            out[r][2 * p + 1] = b;
+        }
+    }
+    out
+}
+
+/// Q8_0 . Q8_0 of `R` weight rows and 8 tokens (prefill), in the layout of
+/// [`dot_q5_0_q8_0_x8`]: the weights biased by 128 (`xor 0x80`, unsigned for `vpdpbusd`) once
+/// per block for 8 tokens, each lane starting at `-128 * sum(y)` of its four activations, formed
+/// once per block and token for all `R` rows. Every lane is the exact sum of its four `w * y`
+/// (each biased product at most 255 * 128 in magnitude), ggml's lane, so each token's f32
+/// operations are the AVX2 one-token kernel's: bit-identical to it.
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`]; every `x[t].len()` is at least
+/// every `w[r].len()`, and the `w[r]` have one length.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q8_0_q8_0_x8<const R: usize>(
+    w: [&[BlockQ8_0]; R],
+    x: [&[BlockQ8_0]; 8],
+) -> [[f32; 8]; R] {
+    let zero = _mm512_setzero_si512();
+    let bias = _mm512_set1_epi8(i8::MIN);
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    // Lanes of the 8 scale products holding tokens (2p, 2p + 1), each spread over 8 lanes.
+    let idx = [
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
+        _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7),
+    ];
+    let nb = if R == 0 { 0 } else { w[0].len() };
+    for i in 0..nb {
+        let mut xd = [0i16; 8];
+        let mut y = [zero; 4];
+        let mut start = [zero; 4];
+        for p in 0..4 {
+            // SAFETY: i < nb <= x[t].len() (caller).
+            let (a, b) = unsafe { (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i)) };
+            xd[2 * p] = i16::from_le_bytes(a.d);
+            xd[2 * p + 1] = i16::from_le_bytes(b.d);
+            y[p] = load_q8_pair(&a.qs, &b.qs);
+            // -128 * sum(y) per lane (`bias` read as unsigned 128; at most 4 * 128 * 128).
+            start[p] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, y[p]));
+        }
+        let dx = _mm256_cvtph_ps(_mm_setr_epi16(
+            xd[0], xd[1], xd[2], xd[3], xd[4], xd[5], xd[6], xd[7],
+        ));
+        for r in 0..R {
+            // SAFETY: i < nb = w[r].len() (caller: the rows have one length).
+            let bw = unsafe { w[r].get_unchecked(i) };
+            let ww = _mm512_xor_si512(load_q8_pair(&bw.qs, &bw.qs), bias);
+            let dw = _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bw.d)));
+            // [d_w*d_x0, .., d_w*d_x7]: each lane the one-token product.
+            let d = _mm512_castps256_ps512(_mm256_mul_ps(dw, dx));
+            for p in 0..4 {
+                let prod = _mm512_dpbusd_epi32(start[p], ww, y[p]);
+                acc[r][p] = _mm512_fmadd_ps(
+                    _mm512_permutexvar_ps(idx[p], d),
+                    _mm512_cvtepi32_ps(prod),
+                    acc[r][p],
+                );
+            }
+        }
+    }
+    let mut out = [[0.0f32; 8]; R];
+    for r in 0..R {
+        for p in 0..4 {
+            let (a, b) = hsum_pair(acc[r][p]);
+            out[r][2 * p] = a;
+            out[r][2 * p + 1] = b;
+        }
+    }
+    out
+}
+
 /// [`dot_q4_1_q8_1_x4`] for 8 tokens: the nibbles and the weight scales of each block are
 /// unpacked once for 8 tokens instead of 4; every lane sees the one-token sequence.
 ///

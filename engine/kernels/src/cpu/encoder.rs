@@ -2,8 +2,6 @@
 //! one (token, head), and pooling. Plain scalar loops, each following ggml's CPU operator where
 //! the order of operations can change the result.
 
-use half::f16;
-
 /// LayerNorm with weight and bias: `out[i] = ((x[i] - mean) * scale) * w[i] + b[i]` with
 /// `scale = 1 / sqrtf(var + eps)` and `var` the mean of the centred squares.
 ///
@@ -50,8 +48,8 @@ pub fn gelu(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let h = f16::from_f32(x).to_f32();
-        f16::from_f32(gelu_tanh(h)).to_f32()
+        // The table holds f16(gelu_tanh(h)) for every f16 h (the same formula as `gelu_tanh`).
+        super::activations::gelu_f16(x)
     }
 }
 
@@ -96,6 +94,7 @@ pub fn attend_all<'a>(
 mod tests {
     use super::*;
     use crate::testutil::Rng;
+    use half::f16;
 
     #[test]
     fn layer_norm_matches_the_formula() {

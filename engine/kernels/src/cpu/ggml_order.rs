@@ -259,8 +259,15 @@ pub fn accumulated_sums(accs: &[f32], out: &mut [f32]) {
     let n = out.len();
     let width = accs.len().checked_div(n).unwrap_or(0);
     debug_assert!(n == 0 || width == LANES || width == STEP_LANES);
+    #[allow(unused_mut)] // no SIMD path off x86-64
+    let mut c_start = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() && (width == LANES || width == STEP_LANES) {
+        // SAFETY: AVX2, FMA and F16C are present (checked); `accs` holds `width` slots of n.
+        c_start = unsafe { simd::accumulated_sums(&accs[..width * n], width, out) };
+    }
     let at = |slot: usize, d: usize| accs[slot * n + d];
-    for c0 in (0..n).step_by(8) {
+    for c0 in (c_start..n).step_by(8) {
         let m = (n - c0).min(8);
         let mut lanes = [[0.0f32; 8]; LANES];
         for (l, lane) in lanes.iter_mut().enumerate() {
@@ -538,8 +545,38 @@ mod simd {
         out: &mut [f32],
         batch: bool,
     ) {
-        for (i, o) in out.iter_mut().enumerate() {
-            let a = &rows[i * stride + off..][..q.len()];
+        let n = q.len();
+        let mut i = 0;
+        if batch && n.is_multiple_of(LANES) {
+            // Four rows at a time: each step's query lanes are loaded once for the four rows,
+            // and the four rows' FMA chains interleave (one row's chain is latency-bound).
+            // Each row's lanes take the one-row kernel's operations in its order.
+            while i + 4 <= out.len() {
+                let base = [0, 1, 2, 3].map(|r| (i + r) * stride + off);
+                let mut lo = [_mm256_setzero_ps(); 4];
+                let mut hi = [_mm256_setzero_ps(); 4];
+                let mut k = 0;
+                while k < n {
+                    // SAFETY: k + 16 <= n = q.len(), and row i + r's n values lie in `rows`
+                    // (the caller checked the last row's bound).
+                    unsafe {
+                        let (ql, qh) = (loadf(q, k), loadf(q, k + 8));
+                        for r in 0..4 {
+                            lo[r] = _mm256_fmadd_ps(load8(rows, base[r] + k), ql, lo[r]);
+                            hi[r] = _mm256_fmadd_ps(load8(rows, base[r] + k + 8), qh, hi[r]);
+                        }
+                    }
+                    k += LANES;
+                }
+                for r in 0..4 {
+                    // SAFETY: AVX2 present (this function's contract).
+                    out[i + r] = unsafe { reduce16_regs(lo[r], hi[r]) };
+                }
+                i += 4;
+            }
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(i) {
+            let a = &rows[i * stride + off..][..n];
             // SAFETY: this function's features are theirs.
             *o = unsafe {
                 if batch {
@@ -566,6 +603,12 @@ mod simd {
         probs: &[f32],
     ) {
         let n = accs.len() / slots;
+        if slots == LANES {
+            // SAFETY: this function's features and lengths are the slot-major kernel's.
+            return unsafe {
+                axpy_f16_rows_by_slot(accs, slots, first_term, rows, stride, off, probs)
+            };
+        }
         if slots.is_multiple_of(8) {
             // Eight slots' accumulators of one 8-column chunk stay in registers while every term
             // of those slots is added (each slot still takes its terms in order, so the bits are
@@ -648,6 +691,138 @@ mod simd {
                 slot = 0;
             }
         }
+    }
+
+    /// [`super::axpy_f16_rows`] slot by slot: for each slot, its terms (every `slots`-th) in
+    /// order, into 64 columns of accumulators held in 8 registers. Each row's columns are read
+    /// exactly once (the 8-column passes of the other kernel re-read a row's cache line once
+    /// per chunk, and rows a power of two apart share few L1 sets: a head of 256 f16 columns
+    /// missed L1 on nearly every load). Each accumulator still takes its terms in order, one
+    /// fused multiply-add each: the bits of one `axpy_f16` per term.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `accs` holds `slots` rows of `n` accumulators and `rows`
+    /// at least `(probs.len() - 1) * stride + off + n` values (checked by the caller).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy_f16_rows_by_slot(
+        accs: &mut [f32],
+        slots: usize,
+        first_term: usize,
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        probs: &[f32],
+    ) {
+        const BLOCK: usize = 64;
+        let n = accs.len() / slots;
+        let len = probs.len();
+        let f = first_term % slots;
+        let full8 = n - n % 8;
+        for s in 0..slots {
+            // Term i goes to slot (first_term + i) % slots.
+            let i0 = (s + slots - f) % slots;
+            if i0 >= len {
+                continue;
+            }
+            let acc_row = &mut accs[s * n..(s + 1) * n];
+            let mut c = 0;
+            while c + BLOCK <= n {
+                let mut acc = [_mm256_setzero_ps(); BLOCK / 8];
+                for (k, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: c + 8k + 8 <= c + BLOCK <= n = acc_row.len().
+                    *a = unsafe { _mm256_loadu_ps(acc_row.as_ptr().add(c + 8 * k)) };
+                }
+                let mut i = i0;
+                while i < len {
+                    // SAFETY: i < len = probs.len().
+                    let p = _mm256_set1_ps(unsafe { *probs.get_unchecked(i) });
+                    let base = i * stride + off + c;
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: base + 8k + 8 <= i * stride + off + n <= rows.len() (caller).
+                        *a = _mm256_fmadd_ps(unsafe { load8(rows, base + 8 * k) }, p, *a);
+                    }
+                    i += slots;
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    // SAFETY: as for the loads.
+                    unsafe { _mm256_storeu_ps(acc_row.as_mut_ptr().add(c + 8 * k), *a) };
+                }
+                c += BLOCK;
+            }
+            while c < full8 {
+                // SAFETY: c + 8 <= full8 <= n.
+                let mut a = unsafe { _mm256_loadu_ps(acc_row.as_ptr().add(c)) };
+                let mut i = i0;
+                while i < len {
+                    let p = _mm256_set1_ps(probs[i]);
+                    // SAFETY: as above.
+                    a = _mm256_fmadd_ps(unsafe { load8(rows, i * stride + off + c) }, p, a);
+                    i += slots;
+                }
+                // SAFETY: as for the load.
+                unsafe { _mm256_storeu_ps(acc_row.as_mut_ptr().add(c), a) };
+                c += 8;
+            }
+            for (d, x) in acc_row.iter_mut().enumerate().skip(full8) {
+                let mut i = i0;
+                while i < len {
+                    *x = h(rows[i * stride + off + d]).mul_add(probs[i], *x);
+                    i += slots;
+                }
+            }
+        }
+    }
+
+    /// [`super::accumulated_sums`] of the whole 8-column chunks, in registers: the same
+    /// additions of the same pairs per column. Returns the columns done.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `accs.len() == width * out.len()`, `width` is 16 or 64.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn accumulated_sums(accs: &[f32], width: usize, out: &mut [f32]) -> usize {
+        let n = out.len();
+        debug_assert_eq!(accs.len(), width * n);
+        let full = n - n % 8;
+        // (Loops, not closures: closures do not inherit the target features.)
+        let p = accs.as_ptr();
+        let mut c = 0;
+        while c < full {
+            let mut lanes = [_mm256_setzero_ps(); LANES];
+            for (l, v) in lanes.iter_mut().enumerate() {
+                // SAFETY: every slot read is < width and c + 8 <= full <= n: inside `accs`
+                // (the contract).
+                *v = unsafe {
+                    if width == LANES {
+                        _mm256_loadu_ps(p.add(l * n + c))
+                    } else {
+                        _mm256_add_ps(
+                            _mm256_add_ps(
+                                _mm256_loadu_ps(p.add(l * n + c)),
+                                _mm256_loadu_ps(p.add((2 * LANES + l) * n + c)),
+                            ),
+                            _mm256_add_ps(
+                                _mm256_loadu_ps(p.add((LANES + l) * n + c)),
+                                _mm256_loadu_ps(p.add((3 * LANES + l) * n + c)),
+                            ),
+                        )
+                    }
+                };
+            }
+            // reduce16 on every column: t3[i] = a[i + 8] + a[i]; t6[i] = t3[i + 4] + t3[i].
+            let mut t3 = [_mm256_setzero_ps(); 8];
+            for i in 0..8 {
+                t3[i] = _mm256_add_ps(lanes[i + 8], lanes[i]);
+            }
+            let mut t6 = [_mm256_setzero_ps(); 4];
+            for i in 0..4 {
+                t6[i] = _mm256_add_ps(t3[i + 4], t3[i]);
+            }
+            let r = _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]));
+            // SAFETY: c + 8 <= full <= out.len().
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c), r) };
+            c += 8;
+        }
+        full
     }
 
     /// [`super::scale_round_f16`].
@@ -886,6 +1061,11 @@ mod tests {
             (96usize, 32usize, 64usize, 37usize),
             (50, 3, 44, 5),
             (64, 0, 64, 130),
+            // Gemma-3-class heads (256 columns, several 64-column blocks, one KV head) and a
+            // 128-column head in a two-head row; row counts around multiples of 4 and 16.
+            (256, 0, 256, 70),
+            (256, 128, 128, 33),
+            (200, 8, 192, 17),
         ] {
             let rows: Vec<f16> = (0..stride * n_rows)
                 .map(|_| f16::from_f32(next()))
@@ -897,9 +1077,9 @@ mod tests {
                 for (i, o) in out.iter().enumerate() {
                     let a = &rows[i * stride + off..][..n];
                     let want = if batch {
-                        dot_f16_tinyblas(a, &q)
+                        dot_f16_tinyblas_portable(a, &q)
                     } else {
-                        dot_f16_ggml(a, &q)
+                        dot_f16_ggml_portable(a, &q)
                     };
                     assert_eq!(o.to_bits(), want.to_bits(), "row {i} batch {batch}");
                 }
@@ -914,7 +1094,7 @@ mod tests {
                     let mut want = init;
                     for (i, p) in probs.iter().enumerate() {
                         let s = (first_term + i) % slots;
-                        axpy_f16(
+                        axpy_f16_portable(
                             &mut want[s * n..(s + 1) * n],
                             &rows[i * stride + off..][..n],
                             *p,

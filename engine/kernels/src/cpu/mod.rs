@@ -1059,8 +1059,8 @@ impl Kernels {
 
 impl Kernels {
     /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
-    /// from sharing each weight block's unpacking among 8 tokens (Q4_1 and repacked Q4_0 with
-    /// AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
+    /// from sharing each weight block's unpacking among 8 tokens (Q4_1, Q5_0, Q8_0 and repacked
+    /// Q4_0 with AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
     /// Results are bit-identical to one token at a time.
     ///
     /// # Panics
@@ -1076,7 +1076,12 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
-            if !t.avx512() || !matches!(w_ty, GgmlType::Q4_0 | GgmlType::Q4_1) {
+            if !t.avx512()
+                || !matches!(
+                    w_ty,
+                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
+                )
+            {
                 return false;
             }
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
@@ -1096,6 +1101,42 @@ impl Kernels {
             if w_ty == GgmlType::Q4_0 {
                 let x = x_q.map(|x| blocks(&x[..xb]));
                 q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y);
+                return true;
+            }
+            if matches!(w_ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
+                // Rows four at a time (they share the activations' loads), then two, then one.
+                let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                let n_rows = w_rows.len() / rb;
+                let row = |r: usize| &w_rows[r * rb..(r + 1) * rb];
+                let mut i = 0;
+                macro_rules! rows {
+                    ($r:literal) => {
+                        while n_rows - i >= $r {
+                            let r = if w_ty == GgmlType::Q5_0 {
+                                avx2_quants::dot_q5_0_q8_0_x8::<$r>(
+                                    t,
+                                    std::array::from_fn(|k| blocks(row(i + k))),
+                                    x,
+                                )
+                            } else {
+                                avx2::dot_q8_0_q8_0_x8::<$r>(
+                                    t,
+                                    std::array::from_fn(|k| blocks(row(i + k))),
+                                    x,
+                                )
+                            };
+                            for (k, rk) in r.iter().enumerate() {
+                                for (yt, v) in y.iter_mut().zip(rk) {
+                                    yt[i + k] = *v;
+                                }
+                            }
+                            i += $r;
+                        }
+                    };
+                }
+                rows!(4);
+                rows!(2);
+                rows!(1);
                 return true;
             }
             let x = x_q.map(|x| blocks::<BlockQ8_1>(&x[..xb]));

@@ -274,10 +274,27 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             (GgmlType::Q4_0, 24, 5..21),
             (GgmlType::Q4_1, 7, 0..7),
             (GgmlType::Q4_1, 40, 3..40),
+            // Q5_0 takes rows in pairs: odd and even counts, ranges not starting at 0.
+            (GgmlType::Q5_0, 7, 0..7),
+            (GgmlType::Q5_0, 16, 0..16),
+            (GgmlType::Q5_0, 24, 0..24),
+            (GgmlType::Q5_0, 24, 5..21),
+            (GgmlType::Q5_0, 24, 3..24),
+            (GgmlType::Q8_0, 7, 0..7),
+            (GgmlType::Q8_0, 16, 0..16),
+            (GgmlType::Q8_0, 24, 0..24),
+            (GgmlType::Q8_0, 24, 5..21),
         ] {
-            let n = 256;
+            // 7 blocks (odd) for Q5_0, which llama.cpp never repacks; 256 for the others.
+            let n = if matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
+                224
+            } else {
+                256
+            };
             let xt = ty.vec_dot_type();
-            let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| any_weight_row(&mut r, ty, n))
+                .collect();
             let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS8)
                 .map(|_| {
                     let mut b = vec![0u8; bytes_of(xt, n)];
@@ -296,6 +313,11 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 range.clone(),
                 ys,
             );
+            // The types with an 8-token kernel take it on AVX-512 (so that this test checks it).
+            assert!(
+                done || k.isa_name() != "avx512" || !matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0),
+                "avx512 declined {ty}"
+            );
             if !done {
                 assert!(
                     got.iter().flatten().all(|v| v.is_nan()),
@@ -310,18 +332,18 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 assert_eq!(
                     bits(&got[t]),
                     bits(&want),
-                    "{} rows {rows} token {t}",
+                    "{} {ty} rows {rows} token {t}",
                     k.isa_name()
                 );
             }
         }
-        // Q8_0 has no 8-token kernel.
-        let w = weight_row(&mut r, GgmlType::Q8_0, 32);
-        let x = vec![0u8; bytes_of(GgmlType::Q8_0, 32)];
+        // Q5_1 has no 8-token kernel.
+        let w = vec![0u8; bytes_of(GgmlType::Q5_1, 32)];
+        let x = vec![0u8; bytes_of(GgmlType::Q8_1, 32)];
         let mut ys = [[0.0f32; 1]; MATVEC_TOKENS8];
         let [a, b, c, d, e, f, g, h] = &mut ys;
         assert!(!k.matvec_tokens8(
-            GgmlType::Q8_0,
+            GgmlType::Q5_1,
             32,
             &w,
             [&x[..]; MATVEC_TOKENS8],
@@ -894,6 +916,7 @@ fn check_256_bit_choice_keeps_the_bits(wide: Kernels) {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::Q5_0,
     ] {
         let narrow =
             wide.with_256_bit(ty, Phase::Decode, true)
@@ -960,11 +983,12 @@ fn check_256_bit_choice_keeps_the_bits(wide: Kernels) {
 }
 
 /// A weight row of any type: quantized from random floats where a quantizer exists, else
-/// (k-quants) random bytes with finite f16 scales where the block keeps them.
+/// (k-quants, Q5_0) random bytes with finite f16 scales where the block keeps them.
 fn any_weight_row(r: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
     let scale_offsets: &[usize] = match ty {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q5_0 => &[0],
         _ => return weight_row(r, ty, n),
     };
     let mut b = r.bytes(bytes_of(ty, n));

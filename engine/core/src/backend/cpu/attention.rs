@@ -324,13 +324,9 @@ impl OpCtx<'_> {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
             let n_pos = self.args.pos0 + t + 1;
-            // ggml converts the query to f16 before its f16 K·Q product.
-            for (d, s) in qh
-                .iter_mut()
-                .zip(&self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim])
-            {
-                *d = f16::from_f32(*s).to_f32();
-            }
+            // ggml converts the query to f16 before its f16 K·Q product (`x * 1` is `x`).
+            qh.copy_from_slice(&self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim]);
+            order::scale_round_f16(qh, 1.0);
             // A sliding window starts later; scores[i] is position first + i.
             let first = window.map_or(0, |w| n_pos.saturating_sub(w));
             let n_seen = n_pos - first;
@@ -343,8 +339,12 @@ impl OpCtx<'_> {
                 order::dot_f16_rows(run, row_len, off, qh, &mut scores[at..at + len], batch);
                 at += len;
             }
-            for s in &mut scores[..n_seen] {
-                *s = soft_cap(*s, softcap) * scale;
+            match softcap {
+                Some(_) => scores[..n_seen]
+                    .iter_mut()
+                    .for_each(|s| *s = soft_cap(*s, softcap) * scale),
+                // The common case in a loop the compiler vectorizes.
+                None => scores[..n_seen].iter_mut().for_each(|s| *s *= scale),
             }
             // The maximum in 8 lanes (vectorized; one serial chain of `max` is slow): the same
             // value as a serial fold, NaNs ignored either way (a zero's sign may differ, which
@@ -357,9 +357,10 @@ impl OpCtx<'_> {
             }
             let max = lanes.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
             // exp(s - max), summed 16 at a time in f64 (ggml_vec_soft_max_f32).
+            // (One call: every element's exp is the same whichever lanes compute it.)
+            order::expf_shifted(&mut scores[..n_seen], max);
             let mut sum = 0.0f64;
-            for chunk in scores[..n_seen].chunks_mut(LANES) {
-                order::expf_shifted(chunk, max);
+            for chunk in scores[..n_seen].chunks(LANES) {
                 let mut lanes = [0.0f32; LANES];
                 lanes[..chunk.len()].copy_from_slice(chunk);
                 sum += f64::from(order::reduce16(&lanes));

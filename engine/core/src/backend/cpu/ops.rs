@@ -138,13 +138,9 @@ impl OpCtx<'_> {
             let u = self.input(up, t..t + 1);
             let o = self.output(out, t, 0..cols);
             if in_place {
-                for (o, &u) in o.iter_mut().zip(u) {
-                    *o = activations::geglu(*o, u);
-                }
+                activations::geglu_row_inplace(o, u);
             } else {
-                for ((o, &g), &u) in o.iter_mut().zip(self.input(gate, t..t + 1)).zip(u) {
-                    *o = activations::geglu(g, u);
-                }
+                activations::geglu_row(self.input(gate, t..t + 1), u, o);
             }
         }
     }

@@ -25,7 +25,7 @@ use crate::graph::WeightId;
 use crate::model::Model;
 
 /// Bump when a kernel changes enough to invalidate cached choices.
-const KERNEL_SET_VERSION: u32 = 2;
+const KERNEL_SET_VERSION: u32 = 3;
 /// The weight types with AVX-512 kernels of their own (the others run AVX2 code either way).
 const TYPES_WITH_AVX512: [GgmlType; 6] = [
     GgmlType::Q4_0,
