@@ -18,23 +18,11 @@ fn repo() -> PathBuf {
 }
 
 fn shared() -> PathBuf {
-    match std::env::var_os("EDGE_RUN_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => repo().join("../shared"),
-    }
+    edge_tests::shared_dir()
 }
 
 fn model() -> PathBuf {
-    let p = match std::env::var_os("EDGE_RUN_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model.sh first",
-        p.display()
-    );
-    p
+    edge_tests::smollm2_path()
 }
 
 fn gpt2_vocab() -> PathBuf {

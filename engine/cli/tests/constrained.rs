@@ -12,16 +12,7 @@ fn repo() -> PathBuf {
 }
 
 fn model() -> String {
-    let p = match std::env::var_os("EDGE_RUN_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model.sh",
-        p.display()
-    );
-    p.to_str().unwrap().to_string()
+    edge_tests::smollm2_path().to_str().unwrap().to_string()
 }
 
 fn run(args: &[&str]) -> (Option<i32>, String, String) {

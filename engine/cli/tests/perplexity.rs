@@ -14,16 +14,7 @@ fn repo() -> PathBuf {
 }
 
 fn model() -> PathBuf {
-    let p = match std::env::var_os("EDGE_RUN_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model.sh first",
-        p.display()
-    );
-    p
+    edge_tests::smollm2_path()
 }
 
 fn text() -> PathBuf {
