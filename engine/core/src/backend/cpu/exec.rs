@@ -204,7 +204,11 @@ impl Executor {
             self.phases.reset(pg.graph.ops.len());
             let long_wait = AtomicBool::new(false);
             let ok = self.pool.run(&|tid| {
-                self.run_shared(model, kv, pg, args, tag0, tid, &long_wait);
+                let base = OpCtx {
+                    steal_all: true,
+                    ..OpCtx::first_op(self, model, kv, pg, args, tid, tag0)
+                };
+                self.run_shared(base, &long_wait);
             });
             if forced || long_wait.load(Relaxed) {
                 self.quiet_runs.store(0, Relaxed);
@@ -216,20 +220,12 @@ impl Executor {
             return ok;
         }
         self.pool.run(&|tid| {
+            let base = OpCtx {
+                steal_all: contended,
+                ..OpCtx::first_op(self, model, kv, pg, args, tid, tag0)
+            };
             for (i, op) in pg.graph.ops.iter().enumerate() {
-                let ctx = OpCtx {
-                    exec: self,
-                    model,
-                    kv,
-                    pg,
-                    args,
-                    tid,
-                    thread: tid,
-                    n_threads: n,
-                    tag: tag0.wrapping_add(i),
-                    steal_all: contended,
-                };
-                ctx.run(op);
+                base.at_op(i).run(op);
                 if pg.barrier_after(i) || dump {
                     self.barrier.wait();
                 }
@@ -240,21 +236,12 @@ impl Executor {
         })
     }
 
-    /// Thread `thread`'s walk of a shared-part run: in each phase (the ops up to the next
-    /// barrier) it claims parts of each op until none is left, then waits for the phase's
-    /// parts to be done. A thread that was off its core finds the parts of the ops it missed
-    /// claimed, and passes their phases at once.
-    #[allow(clippy::too_many_arguments)]
-    fn run_shared(
-        &self,
-        model: &Model,
-        kv: &KvCache,
-        pg: &PlannedGraph,
-        args: RunArgs<'_>,
-        tag0: usize,
-        thread: usize,
-        long_wait: &AtomicBool,
-    ) {
+    /// One thread's (`base.thread`) walk of a shared-part run: in each phase (the ops up to
+    /// the next barrier) it claims parts of each op until none is left, then waits for the
+    /// phase's parts to be done. A thread that was off its core finds the parts of the ops it
+    /// missed claimed, and passes their phases at once.
+    fn run_shared(&self, base: OpCtx<'_>, long_wait: &AtomicBool) {
+        let pg = base.pg;
         let ops = &pg.graph.ops;
         let n = self.n_threads();
         let mut first = 0;
@@ -265,19 +252,11 @@ impl Executor {
             let total = n * (last - first + 1);
             for (i, op) in ops.iter().enumerate().take(last + 1).skip(first) {
                 while let Some(part) = self.phases.claim(i, n) {
-                    let ctx = OpCtx {
-                        exec: self,
-                        model,
-                        kv,
-                        pg,
-                        args,
+                    OpCtx {
                         tid: part,
-                        thread,
-                        n_threads: n,
-                        tag: tag0.wrapping_add(i),
-                        steal_all: true,
-                    };
-                    ctx.run(op);
+                        ..base.at_op(i)
+                    }
+                    .run(op);
                     self.phases.finish(last, total);
                 }
             }
@@ -331,6 +310,7 @@ impl Executor {
 }
 
 /// What one thread needs to run its share of one op.
+#[derive(Clone, Copy)]
 pub(super) struct OpCtx<'a> {
     pub(super) exec: &'a Executor,
     pub(super) model: &'a Model,
@@ -347,6 +327,40 @@ pub(super) struct OpCtx<'a> {
     /// Every decode matmul claims its rows in chunks, whatever its size (the machine is
     /// contended: see [`CONTENDED_SPIN_NS`]).
     pub(super) steal_all: bool,
+}
+
+impl<'a> OpCtx<'a> {
+    /// Thread `thread`'s own share of the run's first op (tagged `tag0`); `steal_all` off.
+    fn first_op(
+        exec: &'a Executor,
+        model: &'a Model,
+        kv: &'a KvCache,
+        pg: &'a PlannedGraph,
+        args: RunArgs<'a>,
+        thread: usize,
+        tag0: usize,
+    ) -> OpCtx<'a> {
+        OpCtx {
+            exec,
+            model,
+            kv,
+            pg,
+            args,
+            tid: thread,
+            thread,
+            n_threads: exec.n_threads(),
+            tag: tag0,
+            steal_all: false,
+        }
+    }
+
+    /// The same for op `i` of the run (whose claims carry the first op's tag plus `i`).
+    fn at_op(self, i: usize) -> OpCtx<'a> {
+        OpCtx {
+            tag: self.tag.wrapping_add(i),
+            ..self
+        }
+    }
 }
 
 impl OpCtx<'_> {
