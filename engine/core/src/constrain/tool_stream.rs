@@ -143,6 +143,30 @@ pub struct ToolCallStream {
     text: String,
 }
 
+/// Opens call number `calls.len()` named `name`: its id (from `id_seed` and the index), and the
+/// event that announces it.
+fn start_call(
+    calls: &mut Vec<StreamedCall>,
+    syntax: ToolCallSyntax,
+    id_seed: u64,
+    name: String,
+    out: &mut Vec<ToolStreamEvent>,
+) {
+    let index = calls.len();
+    let id = call_id_from_seed(syntax, id_seed, index);
+    out.push(ToolStreamEvent::CallStart {
+        index,
+        id: id.clone(),
+        name: name.clone(),
+    });
+    calls.push(StreamedCall {
+        id,
+        name,
+        arguments: String::new(),
+        complete: false,
+    });
+}
+
 impl ToolCallStream {
     /// A stream for one output. `forced`: the output is calls from its first token
     /// (`tool_choice` "required" or a named function); otherwise it is text until the syntax's
@@ -207,21 +231,8 @@ impl ToolCallStream {
             let top = obj.depth == 1 && !obj.in_string;
             match obj.part {
                 Part::Head if top && !c.is_whitespace() && obj.at_arguments(key) => {
-                    let name = obj.name();
                     obj.part = Part::Arguments;
-                    let index = self.calls.len();
-                    let id = call_id_from_seed(self.syntax, self.id_seed, index);
-                    out.push(ToolStreamEvent::CallStart {
-                        index,
-                        id: id.clone(),
-                        name: name.clone(),
-                    });
-                    self.calls.push(StreamedCall {
-                        id,
-                        name,
-                        arguments: String::new(),
-                        complete: false,
-                    });
+                    start_call(&mut self.calls, self.syntax, self.id_seed, obj.name(), out);
                     if c == ',' || c == '}' {
                         // No value (not something the grammar allows): arguments end here.
                         obj.part = Part::Tail;
@@ -249,20 +260,7 @@ impl ToolCallStream {
                 let obj = self.object.take().expect("an object is being read");
                 if obj.part == Part::Head {
                     // A call without arguments: its name, and `{}`.
-                    let index = self.calls.len();
-                    let id = call_id_from_seed(self.syntax, self.id_seed, index);
-                    let name = obj.name();
-                    out.push(ToolStreamEvent::CallStart {
-                        index,
-                        id: id.clone(),
-                        name: name.clone(),
-                    });
-                    self.calls.push(StreamedCall {
-                        id,
-                        name,
-                        arguments: String::new(),
-                        complete: false,
-                    });
+                    start_call(&mut self.calls, self.syntax, self.id_seed, obj.name(), out);
                     fragment.push_str("{}");
                 }
                 self.flush(&mut fragment, out);
