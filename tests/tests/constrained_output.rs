@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use edge_engine::constrain::tools::{
-    parse_tool_calls, parse_tools, tool_call_constraint, ToolCallSyntax, ToolChoice,
+    parse_tool_calls, parse_tools, tool_call_constraint, ToolCall, ToolCallSyntax, ToolChoice,
 };
 use edge_engine::constrain::Constraint;
 use edge_engine::generate::{GenerateOptions, StopReason};
@@ -93,6 +93,17 @@ fn run(
 
 /// Runs the validator on `records`; fails the test with its report unless all are valid.
 /// Returns false (after `missing`) when Python or jsonschema is not there.
+/// Parsed calls in OpenAI's `tool_calls` shape, for the validator's records.
+fn calls_json(calls: &[ToolCall]) -> Vec<Value> {
+    calls
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect()
+}
+
 fn validate(name: &str, records: &[Value]) -> bool {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let path = dir.join(format!("constrained-{name}.jsonl"));
@@ -447,13 +458,7 @@ fn tool_calls_are_calls_of_given_functions_with_valid_arguments() {
                     } else {
                         n_auto_calls += 1;
                     }
-                    let calls: Vec<Value> = calls
-                        .iter()
-                        .map(|c| {
-                            json!({"id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments}})
-                        })
-                        .collect();
+                    let calls = calls_json(&calls);
                     let choice_name = match &choice {
                         ToolChoice::Function(f) => f.clone(),
                         ToolChoice::Required => "required".into(),
@@ -531,13 +536,7 @@ fn llama3_and_mistral_tool_calls_follow_their_documented_formats() {
                     assert!(complete, "{name} {set} {choice:?} {how}: cut: {output:?}");
                     let (_, calls) = parse_tool_calls(syntax, &tools, &output)
                         .unwrap_or_else(|e| panic!("{name} {set} {choice:?}: {e}: {output:?}"));
-                    let calls: Vec<Value> = calls
-                        .iter()
-                        .map(|c| {
-                            json!({"id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments}})
-                        })
-                        .collect();
+                    let calls = calls_json(&calls);
                     let choice_name = match &choice {
                         ToolChoice::Function(f) => f.clone(),
                         _ => "required".into(),
