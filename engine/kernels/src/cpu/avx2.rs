@@ -361,12 +361,21 @@ pub(super) fn dot_q8_0_q8_0_x8<const R: usize>(
     w: [&[BlockQ8_0]; R],
     x: [&[BlockQ8_0]; 8],
 ) -> [[f32; 8]; R] {
+    check_rows_x8(t, &w, &x);
+    // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
+    unsafe { super::avx512::dot_q8_0_q8_0_x8(w, x) }
+}
+
+/// The preconditions of the `R`-row, 8-token AVX-512 kernels (`dot_*_x8::<R>`): an AVX-512
+/// token, weight rows of one length, activation rows at least that long.
+///
+/// # Panics
+/// If one does not hold.
+pub(super) fn check_rows_x8<W, X, const R: usize>(t: Token, w: &[&[W]; R], x: &[&[X]; 8]) {
     assert!(t.avx512(), "the 8-token kernel needs an AVX-512 token");
     let n = w.first().map_or(0, |r| r.len());
     assert!(w.iter().all(|r| r.len() == n), "row lengths differ");
     assert!(x.iter().all(|r| r.len() >= n), "activation row too short");
-    // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
-    unsafe { super::avx512::dot_q8_0_q8_0_x8(w, x) }
 }
 
 /// [`dot_q4_1_q8_1`] of two weight rows (bit-identical to two calls), with the AVX-512 VNNI

@@ -601,10 +601,7 @@ pub(super) fn dot_q5_0_q8_0_x8<const R: usize>(
     w: [&[BlockQ5_0]; R],
     x: [&[BlockQ8_0]; 8],
 ) -> [[f32; 8]; R] {
-    assert!(t.avx512(), "the 8-token kernel needs an AVX-512 token");
-    let n = w.first().map_or(0, |r| r.len());
-    assert!(w.iter().all(|r| r.len() == n), "row lengths differ");
-    assert!(x.iter().all(|r| r.len() >= n), "activation row too short");
+    super::avx2::check_rows_x8(t, &w, &x);
     // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
     unsafe { super::avx512::dot_q5_0_q8_0_x8(w, x) }
 }
