@@ -26,7 +26,8 @@ use crate::model::Model;
 
 /// Bump when a kernel changes enough to invalidate cached choices.
 const KERNEL_SET_VERSION: u32 = 3;
-/// The weight types with AVX-512 kernels of their own (the others run AVX2 code either way).
+/// The weight types whose AVX-512 and AVX2 kernels are timed against each other. Q5_0, Q5_1
+/// and IQ4_NL have AVX-512 kernels too but are not timed: they keep the set's own.
 const TYPES_WITH_AVX512: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
