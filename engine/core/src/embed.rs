@@ -383,7 +383,7 @@ impl Embedder {
             )));
         }
         self.model.gguf().check_unchanged()?;
-        let args = RunArgs { tokens, pos0: 0 };
+        let args = RunArgs::one_sequence(tokens, 0);
         if !self.exec.run(&self.model, &self.kv, &self.graph, args) {
             return Err(EngineError::Kernel(
                 "a worker thread panicked; this is a bug".into(),

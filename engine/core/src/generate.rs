@@ -429,6 +429,7 @@ impl Generator<'_> {
             return;
         }
         self.stop = Some(reason);
+        self.session.end_steps();
         if let Some(g) = &self.guide {
             let (n, busy) = g.stats();
             log::info!(
@@ -440,6 +441,16 @@ impl Generator<'_> {
         self.text.clear();
         if let Some(rest) = self.stream.flush() {
             self.text.push_str(rest);
+        }
+    }
+}
+
+impl Drop for Generator<'_> {
+    fn drop(&mut self) {
+        // A generator dropped while running (an error, a caller that stopped reading) steps
+        // no more either.
+        if self.stop.is_none() {
+            self.session.end_steps();
         }
     }
 }

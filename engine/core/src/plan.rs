@@ -79,6 +79,7 @@ pub fn plan_within_budget<P>(
 
 /// A graph with its values placed in one arena: offsets proven sound, and the barriers its
 /// ops need.
+#[derive(Clone)]
 pub struct PlannedGraph {
     /// The graph.
     pub graph: Graph,

@@ -220,13 +220,16 @@ pub fn bind_weights(
     })
 }
 
-/// Builds the forward pass for up to `ubatch` tokens per run. Only the last position's logits
-/// are computed: the output head runs on one row.
+/// Builds the forward pass for up to `ubatch` tokens per run. With `every_row` false only the
+/// last position's logits are computed (the output head runs on one row: a prompt chunk); with
+/// it true every row gets its logits (rows that are each the next token of a different
+/// sequence, decoded together: [`crate::session::group`]).
 pub fn build_graph(
     p: &HyperParams,
     weights: &[Weight],
     lw: &DecoderWeights,
     ubatch: usize,
+    every_row: bool,
 ) -> Graph {
     let (d, t) = (p.n_embd, ubatch);
     let (q_dim, kv_dim) = (p.n_head * p.head_dim, p.kv_dim());
@@ -361,12 +364,17 @@ pub fn build_graph(
         }
         x = b.add(format!("blk.{l}.ffn_residual"), x_mid, down);
     }
-    let last = b.f32("last_position".into(), 1, d);
-    b.push(Op::TakeLast { x, out: last });
-    let normed = b.rms_norm("output_norm".into(), last, lw.output_norm, eps);
+    let (head_in, head_rows) = if every_row {
+        (x, t)
+    } else {
+        let last = b.f32("last_position".into(), 1, d);
+        b.push(Op::TakeLast { x, out: last });
+        (last, 1)
+    };
+    let normed = b.rms_norm("output_norm".into(), head_in, lw.output_norm, eps);
     let mut logits = b.matmul("logits".into(), lw.output, normed);
     if let Some(cap) = p.final_softcap {
-        let capped = b.f32("logits.softcap".into(), 1, p.n_vocab);
+        let capped = b.f32("logits.softcap".into(), head_rows, p.n_vocab);
         b.push(Op::SoftCap {
             x: logits,
             cap,

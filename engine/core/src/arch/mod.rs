@@ -55,7 +55,21 @@ pub fn bind(g: &Gguf, p: &HyperParams, weights: &mut Vec<Weight>) -> Result<Layo
 /// The forward pass for up to `ubatch` tokens per run, built by the layout's architecture.
 pub fn build_graph(p: &HyperParams, weights: &[Weight], layout: &Layout, ubatch: usize) -> Graph {
     match layout {
-        Layout::Decoder(w) => decoder::build_graph(p, weights, w, ubatch),
+        Layout::Decoder(w) => decoder::build_graph(p, weights, w, ubatch, false),
         Layout::Encoder(w) => bert::build_graph(p, weights, w, ubatch),
+    }
+}
+
+/// A decoder's forward pass for up to `rows` tokens that each get their logits (the next
+/// tokens of `rows` sequences decoded together); `None` for an encoder.
+pub fn build_every_row_graph(
+    p: &HyperParams,
+    weights: &[Weight],
+    layout: &Layout,
+    rows: usize,
+) -> Option<Graph> {
+    match layout {
+        Layout::Decoder(w) => Some(decoder::build_graph(p, weights, w, rows, true)),
+        Layout::Encoder(_) => None,
     }
 }

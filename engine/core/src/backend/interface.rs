@@ -79,6 +79,15 @@ pub trait Backend: Send {
         Err(kv_copy_unsupported(self.name()))
     }
 
+    /// The caller has stopped decoding step by step (a generation ended): a backend that
+    /// decodes several sessions together stops waiting for this one's next step.
+    fn end_steps(&mut self) {}
+
+    /// How decode steps were batched, for a backend that decodes sessions together.
+    fn decode_batches(&self) -> Option<super::cpu::group::DecodeBatches> {
+        None
+    }
+
     /// Drops the KV cache positions `keep..keep + n_discard` of the `n_past` held: the later
     /// ones move down and their keys are rotated back by `n_discard` positions.
     fn shift_context(

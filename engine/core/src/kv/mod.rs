@@ -128,6 +128,15 @@ impl KvCache {
         })
     }
 
+    /// Whether `other` has this cache's layout (layers, rows per layer, row type and width), so
+    /// that one run may use both (sequences decoded together).
+    pub fn same_shape(&self, other: &KvCache) -> bool {
+        self.ctx == other.ctx
+            && self.kv_dim == other.kv_dim
+            && self.ty == other.ty
+            && self.layer_rows == other.layer_rows
+    }
+
     /// Whether every layer holds all `ctx` positions (no ring buffers).
     pub fn is_full(&self) -> bool {
         self.layer_rows.iter().all(|&r| r == self.ctx)

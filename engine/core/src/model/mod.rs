@@ -168,6 +168,12 @@ impl Model {
         arch::build_graph(&self.params, &self.weights, &self.layout, ubatch)
     }
 
+    /// The forward pass for up to `rows` tokens of different sequences, each row with its
+    /// logits ([`arch::build_every_row_graph`]); `None` for an encoder.
+    pub fn build_every_row_graph(&self, rows: usize) -> Option<Graph> {
+        arch::build_every_row_graph(&self.params, &self.weights, &self.layout, rows)
+    }
+
     /// The raw bytes of a weight, straight from the file mapping.
     pub fn weight_bytes(&self, id: WeightId) -> &[u8] {
         let w = &self.weights[id.0];

@@ -4,6 +4,7 @@
 
 mod cache;
 mod chunks;
+pub mod group;
 pub mod plan;
 pub mod state;
 
@@ -110,8 +111,14 @@ impl Session {
                 p.n_ctx_train
             );
         }
-        let report = plan.report;
         let backend = backend::open(&model, &plan.allocation(), kernels)?;
+        Ok(Session::with_backend(model, plan, backend))
+    }
+
+    /// A session of `plan` over a backend opened for it (on its own, or as a member of a
+    /// group: [`group`]).
+    fn with_backend(model: Arc<Model>, plan: SessionPlan, backend: Box<dyn Backend>) -> Session {
+        let report = plan.report;
         log::info!(
             "session: ctx {}, ubatch {}, {}; KV {:.1} MiB, arena {:.2} MiB (lower bound {:.2} MiB), scratch {} KiB",
             plan.ctx,
@@ -122,7 +129,7 @@ impl Session {
             report.arena_lower_bound_bytes as f64 / 1048576.0,
             report.scratch_bytes / 1024
         );
-        Ok(Session {
+        Session {
             model,
             backend,
             ctx: plan.ctx,
@@ -139,7 +146,7 @@ impl Session {
             policy: ContextPolicy::Stop,
             n_shifts: 0,
             interrupt: None,
-        })
+        }
     }
 
     /// The model this session runs.
@@ -352,6 +359,18 @@ impl Session {
         let token = self.backend.argmax(self.last_graph())?;
         self.check_finite(token)?;
         Ok(token)
+    }
+
+    /// Says that no decode step follows for now (a generation ended): in a group of sessions
+    /// that decode together ([`group`]), the others stop waiting for this one's steps.
+    pub fn end_steps(&mut self) {
+        self.backend.end_steps();
+    }
+
+    /// For a session of a group ([`group`]): how the group's decode steps have been batched
+    /// so far; `None` for a session on its own.
+    pub fn decode_batches(&self) -> Option<group::DecodeBatches> {
+        self.backend.decode_batches()
     }
 
     /// An interrupt flag: while it is raised, a run of several ubatch chunks (a long prompt)

@@ -142,20 +142,19 @@ impl OpCtx<'_> {
             return;
         }
         for t in tokens {
-            let pos = self.args.pos0 + t;
+            // Every cache of a run has the same layout: offsets are the same in each.
+            let (kv, pos) = (self.kv_of(t), self.pos(t));
             for (is_v, src) in [(false, k), (true, v)] {
                 let src = &self.input(src, t..t + 1)[part.clone()];
-                let offset = self.kv.row_offset(layer, is_v, pos);
+                let offset = kv.row_offset(layer, is_v, pos);
                 match self.kv.ty {
                     KvType::F16 => {
-                        // SAFETY: this part of row `pos` is written only by the thread that owns
-                        // it (token t, these columns), and no attention op reads the cache
-                        // during this op.
-                        let dst = unsafe {
-                            self.kv
-                                .mem
-                                .slice_mut::<f16>(offset + part.start * 2, part.len())
-                        };
+                        // SAFETY: this part of row `pos` of token t's cache is written only by
+                        // the thread that owns it (token t, these columns; a cache serves one
+                        // token of a run, checked by `Executor::run`), and no attention op reads
+                        // the cache during this op.
+                        let dst =
+                            unsafe { kv.mem.slice_mut::<f16>(offset + part.start * 2, part.len()) };
                         cpu::f32_to_f16_row(src, dst);
                     }
                     KvType::Q8_0 => {
@@ -163,7 +162,7 @@ impl OpCtx<'_> {
                         // is `part` (the granule above).
                         let (b0, b1) = (part.start / 32 * 34, part.end.div_ceil(32) * 34);
                         // SAFETY: as above.
-                        let dst = unsafe { self.kv.mem.slice_mut::<u8>(offset + b0, b1 - b0) };
+                        let dst = unsafe { kv.mem.slice_mut::<u8>(offset + b0, b1 - b0) };
                         let _ = self.exec.kernels.quantize_row(GgmlType::Q8_0, src, dst);
                     }
                 }
@@ -205,7 +204,7 @@ impl OpCtx<'_> {
         for job in self.attention_jobs(n_head, group) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
-            let n_pos = self.args.pos0 + t + 1;
+            let (kv, n_pos) = (self.kv_of(t), self.pos(t) + 1);
             let qh = &self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim];
             if quantized {
                 let _ = self.exec.kernels.quantize_row(GgmlType::Q8_0, qh, q8);
@@ -216,11 +215,7 @@ impl OpCtx<'_> {
             let first = window.map_or(0, |w| n_pos.saturating_sub(w));
             for p in first..n_pos {
                 // SAFETY: the cache is only read during attention (see `attention`).
-                let krow = unsafe {
-                    self.kv
-                        .mem
-                        .slice::<u8>(k_base + ring_slot(p, rows) * rb, rb)
-                };
+                let krow = unsafe { kv.mem.slice::<u8>(k_base + ring_slot(p, rows) * rb, rb) };
                 let k = &krow[kvh * head_bytes..(kvh + 1) * head_bytes];
                 let dot = if quantized {
                     self.exec.kernels.vec_dot(GgmlType::Q8_0, head_dim, k, q8)
@@ -242,11 +237,7 @@ impl OpCtx<'_> {
                     (1.0, (s - max).exp())
                 };
                 // SAFETY: read-only, as above.
-                let vrow = unsafe {
-                    self.kv
-                        .mem
-                        .slice::<u8>(v_base + ring_slot(p, rows) * rb, rb)
-                };
+                let vrow = unsafe { kv.mem.slice::<u8>(v_base + ring_slot(p, rows) * rb, rb) };
                 let _ = edge_kernels::cpu::dequantize_row(
                     self.kv.ty.ggml_type(),
                     &vrow[kvh * head_bytes..(kvh + 1) * head_bytes],
@@ -305,17 +296,9 @@ impl OpCtx<'_> {
         let width = if batch { LANES } else { STEP_LANES };
         let ctx = self.kv.ctx;
         let (k_base, v_base, rows) = self.kv.layer_span(layer);
-        // The layer's keys and values, one slice each (f16 rows of `row_bytes` bytes).
+        // Rows are f16 of `row_bytes` bytes.
         let row_len = self.kv.row_bytes / 2;
         debug_assert!(row_len >= self.kv.kv_dim);
-        // SAFETY: the cache is only read during attention: StoreKv wrote it before the barrier
-        // that precedes this op, and nothing writes it until the next StoreKv.
-        let (keys, values) = unsafe {
-            (
-                self.kv.mem.slice::<f16>(k_base, rows * row_len),
-                self.kv.mem.slice::<f16>(v_base, rows * row_len),
-            )
-        };
         let scratch = self.scratch();
         let (scores, rest) = scratch.split_at_mut(ctx);
         let (qh, rest) = rest.split_at_mut(head_dim);
@@ -323,7 +306,17 @@ impl OpCtx<'_> {
         for job in self.attention_jobs(n_head, group) {
             let (t, h) = (job / n_head, job % n_head);
             let kvh = h / group;
-            let n_pos = self.args.pos0 + t + 1;
+            let (kv, n_pos) = (self.kv_of(t), self.pos(t) + 1);
+            // The layer's keys and values in token t's cache (the same layout in every cache
+            // of a run).
+            // SAFETY: the cache is only read during attention: StoreKv wrote it before the
+            // barrier that precedes this op, and nothing writes it until the next StoreKv.
+            let (keys, values) = unsafe {
+                (
+                    kv.mem.slice::<f16>(k_base, rows * row_len),
+                    kv.mem.slice::<f16>(v_base, rows * row_len),
+                )
+            };
             // ggml converts the query to f16 before its f16 K·Q product (`x * 1` is `x`).
             qh.copy_from_slice(&self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim]);
             order::scale_round_f16(qh, 1.0);

@@ -116,6 +116,30 @@ pub struct RunArgs<'a> {
     pub tokens: &'a [u32],
     /// Position of the first token.
     pub pos0: usize,
+    /// Tokens of different sequences decoded together: token t is at position `seqs[t].pos`
+    /// of the sequence whose KV cache is `seqs[t].kv` (one entry per token, each cache at most
+    /// once). `None`: one sequence, token t at `pos0 + t` of the run's cache.
+    pub seqs: Option<&'a [SeqRow<'a>]>,
+}
+
+impl<'a> RunArgs<'a> {
+    /// `tokens` of one sequence at positions `pos0..`.
+    pub fn one_sequence(tokens: &'a [u32], pos0: usize) -> RunArgs<'a> {
+        RunArgs {
+            tokens,
+            pos0,
+            seqs: None,
+        }
+    }
+}
+
+/// Where one token of a run over several sequences goes ([`RunArgs::seqs`]).
+#[derive(Clone, Copy)]
+pub struct SeqRow<'a> {
+    /// The sequence's KV cache (the same shape as every other cache of the run).
+    pub kv: &'a KvCache,
+    /// The token's position in its sequence.
+    pub pos: usize,
 }
 
 impl Executor {
@@ -184,7 +208,18 @@ impl Executor {
     /// the same bits: a part computes what the same thread's share would.
     pub fn run(&self, model: &Model, kv: &KvCache, pg: &PlannedGraph, args: RunArgs<'_>) -> bool {
         assert!(args.tokens.len() <= pg.graph.ubatch && !args.tokens.is_empty());
-        assert!(args.pos0 + args.tokens.len() <= kv.ctx);
+        match args.seqs {
+            None => assert!(args.pos0 + args.tokens.len() <= kv.ctx),
+            Some(seqs) => {
+                // Each row writes its own cache's row `pos` (the executor's memory safety,
+                // fact 2): one row per cache, every position inside it, every cache alike.
+                assert_eq!(seqs.len(), args.tokens.len());
+                for (i, r) in seqs.iter().enumerate() {
+                    assert!(r.pos < r.kv.ctx && r.kv.same_shape(kv));
+                    assert!(seqs[..i].iter().all(|o| !std::ptr::eq(o.kv, r.kv)));
+                }
+            }
+        }
         let n = self.n_threads();
         let dump = self.dump;
         // Decided once per run, for every thread alike (a matmul's rows are either all claimed
@@ -363,10 +398,26 @@ impl<'a> OpCtx<'a> {
     }
 }
 
-impl OpCtx<'_> {
+impl<'a> OpCtx<'a> {
     /// Tokens of this run.
     pub(super) fn n_tokens(&self) -> usize {
         self.args.tokens.len()
+    }
+
+    /// The position of token `t` in its sequence.
+    pub(super) fn pos(&self, t: usize) -> usize {
+        match self.args.seqs {
+            Some(seqs) => seqs[t].pos,
+            None => self.args.pos0 + t,
+        }
+    }
+
+    /// The KV cache of token `t`'s sequence.
+    pub(super) fn kv_of(&self, t: usize) -> &'a KvCache {
+        match self.args.seqs {
+            Some(seqs) => seqs[t].kv,
+            None => self.kv,
+        }
     }
 
     /// Rows of `v` this run uses.

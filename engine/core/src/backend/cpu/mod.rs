@@ -4,6 +4,7 @@
 
 mod attention;
 pub mod exec;
+pub mod group;
 mod matmul;
 mod ops;
 pub mod tune;
@@ -19,7 +20,9 @@ use crate::kv::KvCache;
 use crate::memory::ALIGN;
 use crate::model::Model;
 use crate::plan::PlannedGraph;
-pub use exec::{online_scratch_bytes_per_thread, scratch_bytes_per_thread, Executor, RunArgs};
+pub use exec::{
+    online_scratch_bytes_per_thread, scratch_bytes_per_thread, Executor, RunArgs, SeqRow,
+};
 
 /// Bytes of scratch of all threads of a session of this shape (`None` on overflow).
 pub fn scratch_bytes(shape: &Shape) -> Option<usize> {
@@ -133,7 +136,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         if self
             .exec
-            .run(model, &self.kv, graph, RunArgs { tokens, pos0 })
+            .run(model, &self.kv, graph, RunArgs::one_sequence(tokens, pos0))
         {
             Ok(())
         } else {

@@ -166,7 +166,7 @@ impl OpCtx<'_> {
         for t in self.share(self.rows_of(out), 1) {
             let r = match row {
                 TableRow::Fixed(r) => r,
-                TableRow::Position => self.args.pos0 + t,
+                TableRow::Position => self.pos(t),
             };
             // Rows past the table are refused before a run (the embedder checks the length);
             // a zero row keeps a bug from reading out of bounds.
@@ -293,7 +293,7 @@ impl OpCtx<'_> {
         }
     }
 
-    /// out = x with each head rotated at positions pos0 + t (with per-frequency divisors when
+    /// out = x with each head rotated at token t's position (with per-frequency divisors when
     /// the model has them); one token's heads are shared out whole.
     pub(super) fn rope(
         &self,
@@ -315,7 +315,7 @@ impl OpCtx<'_> {
             rope_row_factors(
                 src,
                 self.output(out, t, part.clone()),
-                (self.args.pos0 + t) as f32,
+                self.pos(t) as f32,
                 head_dim,
                 rope,
                 factors,

@@ -1,0 +1,151 @@
+//! Sessions that decode together: `n` sessions of one model, each with its own KV cache and
+//! conversation, sharing one executor (threads, arena, scratch) on the CPU. Each session is
+//! driven as any other (from its own thread, typically); decode steps asked for at the same
+//! time run as the rows of one forward pass, so the weights are read once per step for all
+//! of them ([`crate::backend::cpu::group`]). A server's slots are such a group.
+//!
+//! Everything is planned up front like a lone session: [`GroupPlan`] holds the `n` caches,
+//! the one arena (the largest of the prompt, one-token and `n`-row graphs) and the scratch,
+//! and [`GroupPlan::report`] is what the group allocates.
+
+use std::sync::Arc;
+
+use edge_kernels::Kernels;
+
+use super::{Session, SessionConfig, SessionPlan};
+use crate::backend::cpu::group::CpuGroup;
+pub use crate::backend::cpu::group::{DecodeBatches, MAX_MEMBERS};
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::model::Model;
+use crate::plan::{MemoryReport, PlannedGraph};
+
+/// `n` sessions of one shape that decode together, planned but not allocated.
+pub struct GroupPlan {
+    /// One session's sizes (its report is a lone session's).
+    pub session: SessionPlan,
+    /// Sessions in the group.
+    pub n: usize,
+    /// What the whole group allocates: `n` KV caches, one arena, one scratch plus the
+    /// members' logits rows.
+    pub report: MemoryReport,
+    batch: PlannedGraph,
+}
+
+impl std::fmt::Debug for GroupPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupPlan")
+            .field("n", &self.n)
+            .field("session", &self.session)
+            .field("report", &self.report)
+            .finish()
+    }
+}
+
+impl GroupPlan {
+    /// Plans `n` sessions of `cfg` (CPU only) that decode together.
+    pub fn new(model: &Model, cfg: &SessionConfig, n: usize) -> Result<GroupPlan> {
+        GroupPlan::from_session(model, SessionPlan::new(model, cfg)?, n)
+    }
+
+    /// Plans a group of `n` sessions shaped as `session`.
+    pub fn from_session(model: &Model, session: SessionPlan, n: usize) -> Result<GroupPlan> {
+        if session.device != Device::Cpu {
+            return Err(EngineError::Unsupported(
+                "sessions decode together on the CPU only; on a GPU each session runs alone".into(),
+            ));
+        }
+        if n == 0 || n > MAX_MEMBERS {
+            return Err(EngineError::InvalidArgument(format!(
+                "a group holds 1 to {MAX_MEMBERS} sessions, not {n}"
+            )));
+        }
+        let graph = model.build_every_row_graph(n.max(2)).ok_or_else(|| {
+            EngineError::InvalidArgument(
+                "an encoder (embedding) model has no decode steps to run together".into(),
+            )
+        })?;
+        let batch = PlannedGraph::plan(graph)?;
+        let one = session.report;
+        let n64 = n as u64;
+        let logits = CpuGroup::logits_bytes(model.params.n_vocab, n) as u64;
+        let report = MemoryReport {
+            kv_bytes: one.kv_bytes.saturating_mul(n64),
+            arena_bytes: one.arena_bytes.max(batch.arena_bytes as u64),
+            arena_lower_bound_bytes: one
+                .arena_lower_bound_bytes
+                .max(batch.lower_bound_bytes as u64),
+            scratch_bytes: one.scratch_bytes.saturating_add(logits),
+            ..one
+        };
+        Ok(GroupPlan {
+            session,
+            n,
+            report,
+            batch,
+        })
+    }
+
+    /// What a budget is charged for the group.
+    pub fn demand(&self) -> edge_targets::Demand {
+        edge_targets::Demand {
+            weights: self.report.weights_bytes,
+            kv: self.report.kv_bytes,
+            arena: self.report.arena_bytes,
+            scratch: self.report.scratch_bytes,
+        }
+    }
+}
+
+/// Opens the `n` sessions of `plan`, allocating what its report says; their kernels are chosen
+/// for this CPU once ([`crate::backend::cpu::tune::choose`]).
+pub fn open_group(model: Arc<Model>, plan: GroupPlan) -> Result<Vec<Session>> {
+    let kernels = crate::backend::cpu::tune::choose(&model, Kernels::detect());
+    open_group_with_kernels(model, plan, kernels)
+}
+
+/// [`open_group`] with the given kernels (tests and benchmarks).
+pub fn open_group_with_kernels(
+    model: Arc<Model>,
+    plan: GroupPlan,
+    kernels: Kernels,
+) -> Result<Vec<Session>> {
+    let GroupPlan {
+        session,
+        n,
+        report,
+        batch,
+    } = plan;
+    let mut alloc = session.allocation();
+    // The one executor's arena serves every graph of the group.
+    alloc.arena_bytes = report.arena_bytes as usize;
+    let members = CpuGroup::open(&model, &alloc, kernels, batch, n)?;
+    let mut sessions = Vec::with_capacity(n);
+    for member in members {
+        let member_plan = SessionPlan {
+            ctx: session.ctx,
+            ubatch: session.ubatch,
+            threads: session.threads,
+            kv_type: session.kv_type,
+            flash_attn: session.flash_attn,
+            report,
+            device: session.device,
+            cuda: None,
+            cuda_weights: None,
+            decode: session.decode.clone(),
+            prefill: session.prefill.clone(),
+        };
+        sessions.push(Session::with_backend(
+            Arc::clone(&model),
+            member_plan,
+            Box::new(member),
+        ));
+    }
+    log::info!(
+        "{n} sessions decode together: KV {:.1} MiB, one arena of {:.2} MiB, scratch and logits {} KiB",
+        report.kv_bytes as f64 / 1048576.0,
+        report.arena_bytes as f64 / 1048576.0,
+        report.scratch_bytes / 1024
+    );
+    Ok(sessions)
+}
