@@ -113,3 +113,47 @@ fn max_difference(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Aggregate decode speed of 1, 2 and 4 sessions of a group stepping at once (greedy, 64
+/// tokens each), for `cargo test --release -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark: run by hand on a quiet machine"]
+fn decode_together_throughput() {
+    let model = Arc::new(Model::load(smollm2_path()).expect("loading SmolLM2"));
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let cfg = SessionConfig {
+        ctx: Some(512),
+        threads: Some(threads),
+        ..Default::default()
+    };
+    let plan = GroupPlan::new(&model, &cfg, 4).unwrap();
+    let mut sessions = edge_engine::session::group::open_group(model.clone(), plan).unwrap();
+    let prompt = model
+        .tokenize("Tell me a long story about a robot.", true, false)
+        .unwrap();
+    for k in [1usize, 2, 4, 1, 2, 4] {
+        let before = sessions[0].decode_batches().unwrap();
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for session in sessions.iter_mut().take(k) {
+                let prompt = &prompt;
+                s.spawn(move || {
+                    session.reset();
+                    let mut t = argmax(session.prefill(prompt).unwrap());
+                    for _ in 0..64 {
+                        t = argmax(session.step(t).unwrap());
+                    }
+                    session.end_steps();
+                });
+            }
+        });
+        let secs = start.elapsed().as_secs_f64();
+        let after = sessions[0].decode_batches().unwrap();
+        eprintln!(
+            "{k} sessions: {:.1} tok/s in all ({} passes for {} steps)",
+            (k * 64) as f64 / secs,
+            after.passes - before.passes,
+            after.steps - before.steps
+        );
+    }
+}

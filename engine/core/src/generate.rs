@@ -445,16 +445,6 @@ impl Generator<'_> {
     }
 }
 
-impl Drop for Generator<'_> {
-    fn drop(&mut self) {
-        // A generator dropped while running (an error, a caller that stopped reading) steps
-        // no more either.
-        if self.stop.is_none() {
-            self.session.end_steps();
-        }
-    }
-}
-
 impl Iterator for Generator<'_> {
     type Item = Result<u32>;
 
@@ -484,6 +474,7 @@ impl Iterator for Generator<'_> {
                 }
                 Err(e) => {
                     self.failed = true;
+                    self.session.end_steps();
                     return Some(Err(e));
                 }
             }

@@ -67,18 +67,26 @@ pub struct PlannedMemory {
     pub weights: u64,
     /// One slot's KV cache.
     pub kv: u64,
-    /// One slot's arena.
+    /// The slots decode together (CPU): one arena and one scratch serve them all.
+    pub together: bool,
+    /// The arena: the group's one (together), or one slot's.
     pub arena: u64,
-    /// One slot's scratch.
+    /// The scratch (with the slots' logits rows, together), or one slot's.
     pub scratch: u64,
     /// The budget, if one was given.
     pub budget: Option<u64>,
 }
 
 impl PlannedMemory {
-    /// What the slots own together (KV + arena + scratch, times the slots).
+    /// What the slots own together: the KV caches, and the one arena and scratch (together)
+    /// or each slot's.
     pub fn owned_total(&self) -> u64 {
-        (self.kv + self.arena + self.scratch) * self.slots as u64
+        let n = self.slots as u64;
+        if self.together {
+            self.kv * n + self.arena + self.scratch
+        } else {
+            (self.kv + self.arena + self.scratch) * n
+        }
     }
 }
 
@@ -214,12 +222,17 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP edge_run_memory_planned_bytes Memory planned at start-up: per slot (kv, arena, scratch), the weights (mapped, shared) and what the slots own in total.\n# TYPE edge_run_memory_planned_bytes gauge"
+            "# HELP edge_run_memory_planned_bytes Memory planned at start-up: each slot's KV cache, the arena and scratch (shared by slots that decode together, else per slot), the weights (mapped, shared) and what the slots own in total.\n# TYPE edge_run_memory_planned_bytes gauge"
         );
+        let (arena, scratch) = if p.together {
+            ("arena_shared", "scratch_shared")
+        } else {
+            ("arena_per_slot", "scratch_per_slot")
+        };
         for (part, v) in [
             ("kv_per_slot", p.kv),
-            ("arena_per_slot", p.arena),
-            ("scratch_per_slot", p.scratch),
+            (arena, p.arena),
+            (scratch, p.scratch),
             ("weights", p.weights),
             ("owned_total", p.owned_total()),
         ] {

@@ -56,12 +56,17 @@ pub fn serve(a: ServeArgs) -> CliResult<u8> {
     };
     let model = Arc::new(load_model(&a.model)?);
     let n = a.slots;
-    // The cores are shared among the slots unless -t says otherwise.
-    let threads = a
-        .session
-        .compute
-        .threads
-        .unwrap_or_else(|| (default_threads() / n).max(1));
+    // Slots that decode together (a decoder on the CPU) share one executor on every core;
+    // otherwise the cores are shared among the slots, unless -t says otherwise.
+    let together = !model.layout.is_encoder()
+        && a.session.config(&model)?.device == edge_engine::device::Device::Cpu;
+    let threads = a.session.compute.threads.unwrap_or_else(|| {
+        if together {
+            default_threads()
+        } else {
+            (default_threads() / n).max(1)
+        }
+    });
     let (slots, plan) = if model.layout.is_encoder() {
         plan_embedders(&a, &model, threads)?
     } else {
@@ -247,20 +252,27 @@ fn plan_sessions(
         ..a.session.config(model)?
     };
     let budget = a.session.memory.budget()?;
-    let plan = slots::plan_slots(model, &cfg, budget.as_ref(), a.slots)?;
-    let planned = slots::planned_memory(&plan, a.slots, budget.as_ref());
-    // Every slot gets the same plan (planning is deterministic; a plan is consumed by opening).
-    let cfg = SessionConfig {
-        ctx: Some(plan.ctx),
-        ubatch: Some(plan.ubatch),
-        ..cfg
-    };
-    let mut sessions = Vec::with_capacity(a.slots);
-    sessions.push(open(model, plan, cfg.device)?);
-    for _ in 1..a.slots {
-        let plan = crate::session::plan_session(model, &cfg, None, "set up")?;
+    let sharing = slots::Sharing::new(model, cfg.device, a.slots)?;
+    let plan = slots::plan_slots(model, &cfg, budget.as_ref(), &sharing)?;
+    let planned = slots::planned_memory(&plan, &sharing, budget.as_ref());
+    let mut sessions = if sharing.group.is_some() {
+        open_together(model, plan, a.slots)?
+    } else {
+        // Every slot gets the same plan (planning is deterministic; a plan is consumed by
+        // opening).
+        let cfg = SessionConfig {
+            ctx: Some(plan.ctx),
+            ubatch: Some(plan.ubatch),
+            ..cfg
+        };
+        let mut sessions = Vec::with_capacity(a.slots);
         sessions.push(open(model, plan, cfg.device)?);
-    }
+        for _ in 1..a.slots {
+            let plan = crate::session::plan_session(model, &cfg, None, "set up")?;
+            sessions.push(open(model, plan, cfg.device)?);
+        }
+        sessions
+    };
     if let Some(dir) = &a.state_dir {
         restore(dir, &mut sessions)?;
     }
@@ -300,6 +312,18 @@ fn restore(dir: &Path, sessions: &mut [Session]) -> CliResult {
     Ok(())
 }
 
+/// The slots as one group of sessions that decode together (CPU).
+fn open_together(
+    model: &Arc<Model>,
+    plan: edge_engine::session::SessionPlan,
+    n: usize,
+) -> CliResult<Vec<Session>> {
+    use edge_engine::session::group::{open_group, GroupPlan};
+    GroupPlan::from_session(model, plan, n)
+        .and_then(|plan| open_group(Arc::clone(model), plan))
+        .map_err(|e| CliError::from(format!("cannot set up the slots: {}", hint(&e))))
+}
+
 fn open(
     model: &Arc<Model>,
     plan: edge_engine::session::SessionPlan,
@@ -336,6 +360,7 @@ fn plan_embedders(
         ctx: plan.max_tokens,
         weights: d.weights,
         kv: d.kv,
+        together: false,
         arena: d.arena,
         scratch: d.scratch,
         budget: budget.map(|b| b.limit_bytes),

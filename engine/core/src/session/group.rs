@@ -14,7 +14,7 @@ use edge_kernels::Kernels;
 
 use super::{Session, SessionConfig, SessionPlan};
 use crate::backend::cpu::group::CpuGroup;
-pub use crate::backend::cpu::group::{DecodeBatches, MAX_MEMBERS};
+pub use crate::backend::cpu::group::{DecodeBatches, MAX_BATCH, MAX_MEMBERS};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::model::Model;
@@ -60,28 +60,12 @@ impl GroupPlan {
                 "a group holds 1 to {MAX_MEMBERS} sessions, not {n}"
             )));
         }
-        let graph = model.build_every_row_graph(n.max(2)).ok_or_else(|| {
-            EngineError::InvalidArgument(
-                "an encoder (embedding) model has no decode steps to run together".into(),
-            )
-        })?;
-        let batch = PlannedGraph::plan(graph)?;
-        let one = session.report;
-        let n64 = n as u64;
-        let logits = CpuGroup::logits_bytes(model.params.n_vocab, n) as u64;
-        let report = MemoryReport {
-            kv_bytes: one.kv_bytes.saturating_mul(n64),
-            arena_bytes: one.arena_bytes.max(batch.arena_bytes as u64),
-            arena_lower_bound_bytes: one
-                .arena_lower_bound_bytes
-                .max(batch.lower_bound_bytes as u64),
-            scratch_bytes: one.scratch_bytes.saturating_add(logits),
-            ..one
-        };
+        let batch = plan_batch_graph(model, n)?;
+        let sizing = GroupSizing::of(model, &batch, n);
         Ok(GroupPlan {
+            report: sizing.report(&session.report),
             session,
             n,
-            report,
             batch,
         })
     }
@@ -93,6 +77,66 @@ impl GroupPlan {
             kv: self.report.kv_bytes,
             arena: self.report.arena_bytes,
             scratch: self.report.scratch_bytes,
+        }
+    }
+}
+
+/// The every-row graph of a group of `n`: [`batch_rows`] rows.
+fn plan_batch_graph(model: &Model, n: usize) -> Result<PlannedGraph> {
+    let graph = model.build_every_row_graph(batch_rows(n)).ok_or_else(|| {
+        EngineError::InvalidArgument(
+            "an encoder (embedding) model has no decode steps to run together".into(),
+        )
+    })?;
+    PlannedGraph::plan(graph)
+}
+
+/// Rows of one shared pass of a group of `n`: every member's step, up to [`MAX_BATCH`] (whose
+/// logits alone take `MAX_BATCH` rows of the vocabulary in the arena); at least 2.
+pub fn batch_rows(n: usize) -> usize {
+    n.clamp(2, MAX_BATCH)
+}
+
+/// What a group of `n` sessions adds to one session's memory, without planning the sessions:
+/// for budgets that try many contexts.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupSizing {
+    /// Sessions.
+    pub n: usize,
+    /// The every-row graph's arena, and its lower bound.
+    pub batch_arena_bytes: u64,
+    batch_lower_bound_bytes: u64,
+    /// The members' logits rows.
+    pub logits_bytes: u64,
+}
+
+impl GroupSizing {
+    /// Plans the every-row graph of a group of `n` of `model`'s sessions.
+    pub fn new(model: &Model, n: usize) -> Result<GroupSizing> {
+        Ok(GroupSizing::of(model, &plan_batch_graph(model, n)?, n))
+    }
+
+    fn of(model: &Model, batch: &PlannedGraph, n: usize) -> GroupSizing {
+        GroupSizing {
+            n,
+            batch_arena_bytes: batch.arena_bytes as u64,
+            batch_lower_bound_bytes: batch.lower_bound_bytes as u64,
+            logits_bytes: CpuGroup::logits_bytes(model.params.n_vocab, n) as u64,
+        }
+    }
+
+    /// What the group allocates, given one session's report: `n` KV caches, the one arena
+    /// (the larger of the session's and the every-row graph's), the one scratch and the
+    /// logits rows (counted as scratch).
+    pub fn report(&self, one: &MemoryReport) -> MemoryReport {
+        MemoryReport {
+            kv_bytes: one.kv_bytes.saturating_mul(self.n as u64),
+            arena_bytes: one.arena_bytes.max(self.batch_arena_bytes),
+            arena_lower_bound_bytes: one
+                .arena_lower_bound_bytes
+                .max(self.batch_lower_bound_bytes),
+            scratch_bytes: one.scratch_bytes.saturating_add(self.logits_bytes),
+            ..*one
         }
     }
 }

@@ -30,11 +30,18 @@ use crate::kv::KvCache;
 use crate::model::Model;
 use crate::plan::PlannedGraph;
 
-/// Most members of one group (the rows of its every-row graph).
-pub const MAX_MEMBERS: usize = 64;
+/// Most members of one group.
+pub const MAX_MEMBERS: usize = 256;
+
+/// Most decode steps in one pass (the rows of a group's every-row graph): more members than
+/// this decode in turns.
+pub const MAX_BATCH: usize = 16;
 
 /// The shortest time a leader waits for the decoding members that have not asked yet.
 const MIN_GATHER_WINDOW: Duration = Duration::from_millis(2);
+
+/// Passes in a row a decoding member may miss before leaders stop waiting for it.
+const MISSES_TO_STOP_WAITING: u32 = 3;
 
 /// What the executor lock guards.
 struct Core {
@@ -42,7 +49,7 @@ struct Core {
     kvs: Vec<KvCache>,
     /// The every-row graph, planned for `kvs.len()` rows.
     batch: PlannedGraph,
-    /// The batch being run: (member, token, position), reserved for every member.
+    /// The batch being run: (member, token, position), reserved for [`MAX_BATCH`].
     rows: Vec<(usize, u32, usize)>,
     /// The logits buffers of the batch's members while the leader fills them.
     out: Vec<Vec<f32>>,
@@ -56,6 +63,8 @@ struct Gathering {
     asked: Vec<Option<(u32, usize)>>,
     /// Members that decode step by step: a leader waits for them.
     decoding: Vec<bool>,
+    /// Passes in a row each decoding member was not ready for.
+    misses: Vec<u32>,
     /// A member's step has run; `ok` says whether it ran without a fault.
     done: Vec<bool>,
     ok: Vec<bool>,
@@ -63,6 +72,8 @@ struct Gathering {
     results: Vec<Vec<f32>>,
     /// A leader is gathering (others wait for their step to be done).
     leader: bool,
+    /// The member the next pass starts its gathering at.
+    first: usize,
     /// How long the last batch took to run.
     last_pass: Duration,
     /// Decode passes run so far, and the steps they held.
@@ -106,7 +117,7 @@ impl CpuGroup {
         batch: PlannedGraph,
         n: usize,
     ) -> Result<Vec<GroupMember>> {
-        if n == 0 || n > MAX_MEMBERS || batch.graph.ubatch < n {
+        if n == 0 || n > MAX_MEMBERS || batch.graph.ubatch < n.min(MAX_BATCH) {
             return Err(EngineError::InvalidArgument(format!(
                 "a group of sessions has 1 to {MAX_MEMBERS} members (asked for {n})"
             )));
@@ -130,17 +141,19 @@ impl CpuGroup {
                 exec: first.exec,
                 kvs,
                 batch,
-                rows: Vec::with_capacity(n),
-                out: (0..n).map(|_| Vec::new()).collect(),
+                rows: Vec::with_capacity(MAX_BATCH),
+                out: (0..MAX_BATCH).map(|_| Vec::new()).collect(),
                 shift_rows: first.shift_rows,
             }),
             gathering: Mutex::new(Gathering {
                 asked: vec![None; n],
                 decoding: vec![false; n],
+                misses: vec![0; n],
                 done: vec![false; n],
                 ok: vec![true; n],
                 results: (0..n).map(|_| vec![0.0; n_vocab]).collect(),
                 leader: false,
+                first: 0,
                 last_pass: Duration::ZERO,
                 stats: DecodeBatches::default(),
             }),
@@ -270,14 +283,29 @@ impl GroupMember {
         }
         let core = &mut *guard;
         core.rows.clear();
-        for s in 0..st.asked.len() {
+        let (n, first) = (st.asked.len(), st.first);
+        // Beyond MAX_BATCH steps the rest wait for the next pass; each pass starts after the
+        // last member the one before took, so that every member gets its turn.
+        for s in (first..n).chain(0..first) {
+            if core.rows.len() == MAX_BATCH {
+                break;
+            }
             match st.asked[s].take() {
                 Some((token, pos)) => {
+                    st.misses[s] = 0;
                     core.rows.push((s, token, pos));
                     core.out[core.rows.len() - 1] = std::mem::take(&mut st.results[s]);
+                    st.first = (s + 1) % n;
                 }
-                // It will be counted again when it asks.
-                None => st.decoding[s] = false,
+                // A decoding member that keeps missing passes (stepped without saying when it
+                // stopped) is no longer waited for; it is counted again when it asks.
+                None if st.decoding[s] => {
+                    st.misses[s] += 1;
+                    if st.misses[s] >= MISSES_TO_STOP_WAITING {
+                        st.decoding[s] = false;
+                    }
+                }
+                None => {}
             }
         }
         // The next asker may lead the next batch: it waits for this one's executor.
@@ -321,8 +349,8 @@ fn run_batch(core: &mut Core, model: &Model, decode: &PlannedGraph) -> bool {
         return ok;
     }
     let kvs = &core.kvs;
-    let tokens: [u32; MAX_MEMBERS] = std::array::from_fn(|i| core.rows.get(i).map_or(0, |r| r.1));
-    let seqs: [SeqRow<'_>; MAX_MEMBERS] = std::array::from_fn(|i| {
+    let tokens: [u32; MAX_BATCH] = std::array::from_fn(|i| core.rows.get(i).map_or(0, |r| r.1));
+    let seqs: [SeqRow<'_>; MAX_BATCH] = std::array::from_fn(|i| {
         let (s, _, pos) = core.rows.get(i).copied().unwrap_or((0, 0, 0));
         SeqRow { kv: &kvs[s], pos }
     });
