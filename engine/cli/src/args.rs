@@ -396,8 +396,9 @@ pub struct ServeArgs {
     /// Port to listen on; 0 picks a free one (printed at start-up).
     #[arg(long = "port", default_value_t = 8080, value_name = "PORT")]
     pub port: u16,
-    /// Requests generated at once: each slot is one session (KV cache + arena, planned and
-    /// allocated at start-up) on its own thread.
+    /// Requests generated at once: each slot is one session (a KV cache, planned and
+    /// allocated at start-up) on its own thread; on the CPU the slots share one arena and
+    /// run their decode steps together.
     #[arg(long = "slots", default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = slots)]
     pub slots: usize,
     /// Requests that may wait for a free slot; beyond that a request gets 503 with Retry-After.

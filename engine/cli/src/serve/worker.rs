@@ -1,5 +1,6 @@
-//! The slots: one engine thread per slot, each owning a [`Session`] planned at start-up, and
-//! the scheduler that hands requests to them. A request goes at once to the idle slot whose
+//! The slots: one engine thread per slot, each owning a [`Session`] planned at start-up (on
+//! the CPU the sessions are one group that runs their decode steps together:
+//! [`edge_engine::session::group`]), and the scheduler that hands requests to them. A request goes at once to the idle slot whose
 //! cached tokens share the longest prefix with its prompt (the prompt cache: that prefix's KV
 //! rows are reused, only the rest is processed), or waits in a bounded queue; beyond it the
 //! caller answers 503. Generation runs here, never on the

@@ -84,7 +84,7 @@ pub trait Backend: Send {
     fn end_steps(&mut self) {}
 
     /// How decode steps were batched, for a backend that decodes sessions together.
-    fn decode_batches(&self) -> Option<super::cpu::group::DecodeBatches> {
+    fn decode_batches(&self) -> Option<DecodeBatches> {
         None
     }
 
@@ -97,6 +97,18 @@ pub trait Backend: Send {
         keep: usize,
         n_discard: usize,
     ) -> Result<()>;
+}
+
+/// How a group's decode steps were run: passes, and the steps they held (steps / passes is
+/// the mean batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeBatches {
+    /// Forward passes that ran decode steps.
+    pub passes: u64,
+    /// Decode steps they ran.
+    pub steps: u64,
+    /// Passes that ran two steps or more.
+    pub shared_passes: u64,
 }
 
 /// The sizes a backend's scratch depends on.

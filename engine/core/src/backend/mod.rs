@@ -17,7 +17,7 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::model::Model;
 pub(crate) use interface::allocation_error;
-pub use interface::{Allocation, Backend, Shape};
+pub use interface::{Allocation, Backend, DecodeBatches, Shape};
 
 /// Whether attention on `device` is always the tiled (online-softmax) kind: the CUDA kernels
 /// have no other; the CPU runs llama.cpp's exact order unless asked for tiles.

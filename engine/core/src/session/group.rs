@@ -14,7 +14,8 @@ use edge_kernels::Kernels;
 
 use super::{Session, SessionConfig, SessionPlan};
 use crate::backend::cpu::group::CpuGroup;
-pub use crate::backend::cpu::group::{DecodeBatches, MAX_BATCH, MAX_MEMBERS};
+pub use crate::backend::cpu::group::{MAX_BATCH, MAX_MEMBERS};
+pub use crate::backend::DecodeBatches;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::model::Model;

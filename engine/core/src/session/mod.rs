@@ -369,7 +369,7 @@ impl Session {
 
     /// For a session of a group ([`group`]): how the group's decode steps have been batched
     /// so far; `None` for a session on its own.
-    pub fn decode_batches(&self) -> Option<group::DecodeBatches> {
+    pub fn decode_batches(&self) -> Option<crate::backend::DecodeBatches> {
         self.backend.decode_batches()
     }
 

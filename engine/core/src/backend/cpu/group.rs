@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use edge_kernels::Kernels;
 
 use super::exec::{Executor, RunArgs, SeqRow};
-use crate::backend::interface::{allocation_error, check_kv_range, Allocation, Backend};
+use crate::backend::interface::{
+    allocation_error, check_kv_range, Allocation, Backend, DecodeBatches,
+};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
@@ -78,18 +80,6 @@ struct Gathering {
     last_pass: Duration,
     /// Decode passes run so far, and the steps they held.
     stats: DecodeBatches,
-}
-
-/// How a group's decode steps were run: passes, and the steps they held (steps / passes is
-/// the mean batch).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DecodeBatches {
-    /// Forward passes that ran decode steps.
-    pub passes: u64,
-    /// Decode steps they ran.
-    pub steps: u64,
-    /// Passes that ran two steps or more.
-    pub shared_passes: u64,
 }
 
 /// The shared part of a group of sessions.
