@@ -214,7 +214,7 @@ impl GroupMember {
             return Err(panicked());
         }
         self.logits
-            .copy_from_slice(&core.exec.read_f32(graph, graph.graph.output, 1)[..]);
+            .copy_from_slice(core.exec.read_f32(graph, graph.graph.output, 1));
         Ok(())
     }
 
