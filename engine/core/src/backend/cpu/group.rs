@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 use edge_kernels::Kernels;
 
 use super::exec::{Executor, RunArgs, SeqRow};
-use crate::backend::interface::{
-    allocation_error, check_kv_range, Allocation, Backend, DecodeBatches,
-};
+use crate::backend::interface::{Allocation, Backend, DecodeBatches};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
@@ -112,17 +110,13 @@ impl CpuGroup {
                 "a group of sessions has 1 to {MAX_MEMBERS} members (asked for {n})"
             )));
         }
-        // The huge-page settling and the cache's shape are those of a lone session.
+        // The huge-page settling and the first cache are a lone session's.
         let first = super::CpuBackend::open(model, alloc, kernels)?;
         let p = &model.params;
-        let kv_rows = p.kv_layer_rows(alloc.ctx, alloc.ubatch);
         let mut kvs = Vec::with_capacity(n);
         kvs.push(first.kv);
         for _ in 1..n {
-            kvs.push(
-                KvCache::with_layer_rows(&kv_rows, alloc.ctx, p.kv_dim(), alloc.kv_type)
-                    .map_err(|e| allocation_error("KV cache", e))?,
-            );
+            kvs.push(super::open_kv(model, alloc)?);
         }
         let n_vocab = p.n_vocab;
         let n_threads = first.exec.n_threads();
@@ -410,19 +404,11 @@ impl Backend for GroupMember {
     }
 
     fn read_kv(&mut self, offset: usize, out: &mut [u8]) -> Result<()> {
-        let mut core = lock(&self.group.core);
-        let kv = &mut core.kvs[self.slot];
-        check_kv_range(offset, out.len(), kv.bytes())?;
-        out.copy_from_slice(&kv.mem.bytes_mut()[offset..offset + out.len()]);
-        Ok(())
+        super::read_kv_bytes(&mut lock(&self.group.core).kvs[self.slot], offset, out)
     }
 
     fn write_kv(&mut self, offset: usize, data: &[u8]) -> Result<()> {
-        let mut core = lock(&self.group.core);
-        let kv = &mut core.kvs[self.slot];
-        check_kv_range(offset, data.len(), kv.bytes())?;
-        kv.mem.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
+        super::write_kv_bytes(&mut lock(&self.group.core).kvs[self.slot], offset, data)
     }
 
     fn shift_context(
@@ -432,20 +418,20 @@ impl Backend for GroupMember {
         keep: usize,
         n_discard: usize,
     ) -> Result<()> {
-        let p = &model.params;
         let mut core = lock(&self.group.core);
         let core = &mut *core;
-        core.kvs[self.slot]
-            .shift(
-                n_past,
-                keep,
-                n_discard,
-                p.head_dim,
-                p.rope,
-                core.exec.kernels(),
-                &mut core.shift_rows,
-            )
-            .map_err(EngineError::Kernel)
+        let shift = super::KvShift {
+            n_past,
+            keep,
+            n_discard,
+        };
+        super::shift_kv(
+            &mut core.kvs[self.slot],
+            model,
+            shift,
+            core.exec.kernels(),
+            &mut core.shift_rows,
+        )
     }
 
     fn end_steps(&mut self) {

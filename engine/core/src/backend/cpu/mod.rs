@@ -60,23 +60,7 @@ impl CpuBackend {
             }
             HugePages::AlreadyHuge | HugePages::NotAttempted => {}
         }
-        let kv_rows = p.kv_layer_rows(alloc.ctx, alloc.ubatch);
-        let kv = KvCache::with_layer_rows(&kv_rows, alloc.ctx, p.kv_dim(), alloc.kv_type).map_err(
-            |e| {
-                use crate::error::Setting::Ctx;
-                EngineError::invalid_setting(
-                    Ctx,
-                    alloc.ctx,
-                    hint![
-                        Ctx,
-                        format!(
-                            " {}: {e}; use a smaller context (the model was trained for {})",
-                            alloc.ctx, p.n_ctx_train
-                        )
-                    ],
-                )
-            },
-        )?;
+        let kv = open_kv(model, alloc)?;
         let exec = Executor::new(
             alloc.arena_bytes,
             alloc.threads,
@@ -151,15 +135,11 @@ impl Backend for CpuBackend {
     }
 
     fn read_kv(&mut self, offset: usize, out: &mut [u8]) -> Result<()> {
-        check_kv_range(offset, out.len(), self.kv.bytes())?;
-        out.copy_from_slice(&self.kv.mem.bytes_mut()[offset..offset + out.len()]);
-        Ok(())
+        read_kv_bytes(&mut self.kv, offset, out)
     }
 
     fn write_kv(&mut self, offset: usize, data: &[u8]) -> Result<()> {
-        check_kv_range(offset, data.len(), self.kv.bytes())?;
-        self.kv.mem.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
+        write_kv_bytes(&mut self.kv, offset, data)
     }
 
     fn shift_context(
@@ -169,17 +149,80 @@ impl Backend for CpuBackend {
         keep: usize,
         n_discard: usize,
     ) -> Result<()> {
-        let p = &model.params;
-        self.kv
-            .shift(
-                n_past,
-                keep,
-                n_discard,
-                p.head_dim,
-                p.rope,
-                self.exec.kernels(),
-                &mut self.shift_rows,
-            )
-            .map_err(EngineError::Kernel)
+        let shift = KvShift {
+            n_past,
+            keep,
+            n_discard,
+        };
+        shift_kv(
+            &mut self.kv,
+            model,
+            shift,
+            self.exec.kernels(),
+            &mut self.shift_rows,
+        )
     }
+}
+
+/// A KV cache of `alloc`'s shape for `model` (the error names the context that does not fit).
+fn open_kv(model: &Model, alloc: &Allocation) -> Result<KvCache> {
+    let p = &model.params;
+    let kv_rows = p.kv_layer_rows(alloc.ctx, alloc.ubatch);
+    KvCache::with_layer_rows(&kv_rows, alloc.ctx, p.kv_dim(), alloc.kv_type).map_err(|e| {
+        use crate::error::Setting::Ctx;
+        EngineError::invalid_setting(
+            Ctx,
+            alloc.ctx,
+            hint![
+                Ctx,
+                format!(
+                    " {}: {e}; use a smaller context (the model was trained for {})",
+                    alloc.ctx, p.n_ctx_train
+                )
+            ],
+        )
+    })
+}
+
+/// [`Backend::read_kv`] of one cache.
+fn read_kv_bytes(kv: &mut KvCache, offset: usize, out: &mut [u8]) -> Result<()> {
+    check_kv_range(offset, out.len(), kv.bytes())?;
+    out.copy_from_slice(&kv.mem.bytes_mut()[offset..offset + out.len()]);
+    Ok(())
+}
+
+/// [`Backend::write_kv`] of one cache.
+fn write_kv_bytes(kv: &mut KvCache, offset: usize, data: &[u8]) -> Result<()> {
+    check_kv_range(offset, data.len(), kv.bytes())?;
+    kv.mem.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
+    Ok(())
+}
+
+/// The positions a context shift drops ([`Backend::shift_context`]).
+#[derive(Clone, Copy)]
+struct KvShift {
+    n_past: usize,
+    keep: usize,
+    n_discard: usize,
+}
+
+/// [`Backend::shift_context`] of one cache, with two f32 KV rows of scratch.
+fn shift_kv(
+    kv: &mut KvCache,
+    model: &Model,
+    s: KvShift,
+    kernels: &Kernels,
+    rows: &mut [f32],
+) -> Result<()> {
+    let p = &model.params;
+    kv.shift(
+        s.n_past,
+        s.keep,
+        s.n_discard,
+        p.head_dim,
+        p.rope,
+        kernels,
+        rows,
+    )
+    .map_err(EngineError::Kernel)
 }
