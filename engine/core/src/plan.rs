@@ -26,6 +26,16 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
+    /// What a budget is charged for it.
+    pub fn demand(&self) -> edge_targets::Demand {
+        edge_targets::Demand {
+            weights: self.weights_bytes,
+            kv: self.kv_bytes,
+            arena: self.arena_bytes,
+            scratch: self.scratch_bytes,
+        }
+    }
+
     /// What the session allocates: KV cache + arena + scratch (weights excluded: mapped).
     pub fn owned_bytes(&self) -> u64 {
         self.kv_bytes + self.arena_bytes + self.scratch_bytes

@@ -58,8 +58,7 @@ pub fn serve(a: ServeArgs) -> CliResult<u8> {
     let n = a.slots;
     // Slots that decode together (a decoder on the CPU) share one executor on every core;
     // otherwise the cores are shared among the slots, unless -t says otherwise.
-    let together = !model.layout.is_encoder()
-        && a.session.config(&model)?.device == edge_engine::device::Device::Cpu;
+    let together = slots::decode_together(&model, a.session.config(&model)?.device);
     let threads = a.session.compute.threads.unwrap_or_else(|| {
         if together {
             default_threads()
@@ -255,8 +254,8 @@ fn plan_sessions(
     let sharing = slots::Sharing::new(model, cfg.device, a.slots)?;
     let plan = slots::plan_slots(model, &cfg, budget.as_ref(), &sharing)?;
     let planned = slots::planned_memory(&plan, &sharing, budget.as_ref());
-    let mut sessions = if sharing.group.is_some() {
-        open_together(model, plan, a.slots)?
+    let mut sessions = if let Some(sizing) = sharing.group {
+        open_together(model, plan, sizing)?
     } else {
         // Every slot gets the same plan (planning is deterministic; a plan is consumed by
         // opening).
@@ -316,10 +315,10 @@ fn restore(dir: &Path, sessions: &mut [Session]) -> CliResult {
 fn open_together(
     model: &Arc<Model>,
     plan: edge_engine::session::SessionPlan,
-    n: usize,
+    sizing: edge_engine::session::group::GroupSizing,
 ) -> CliResult<Vec<Session>> {
     use edge_engine::session::group::{open_group, GroupPlan};
-    GroupPlan::from_session(model, plan, n)
+    GroupPlan::from_sizing(plan, sizing)
         .and_then(|plan| open_group(Arc::clone(model), plan))
         .map_err(|e| CliError::from(format!("cannot set up the slots: {}", hint(&e))))
 }

@@ -17,7 +17,7 @@ use crate::session::plan_session;
 use super::metrics::PlannedMemory;
 
 /// How the slots share memory: a group's sizing (CPU), or none (each slot alone).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Sharing {
     /// The slots decode together: the group's sizing.
     pub group: Option<GroupSizing>,
@@ -28,29 +28,31 @@ pub struct Sharing {
 impl Sharing {
     /// How `n` slots of `model` on `device` share memory.
     pub fn new(model: &Model, device: Device, n: usize) -> CliResult<Sharing> {
-        let group = match device {
-            Device::Cpu => Some(GroupSizing::new(model, n).map_err(|e| {
+        let group = if decode_together(model, device) {
+            Some(GroupSizing::new(model, n).map_err(|e| {
                 CliError::from(format!(
                     "cannot plan {n} slots that decode together: {}",
                     crate::errors::hint(&e)
                 ))
-            })?),
-            Device::Cuda(_) => None,
+            })?)
+        } else {
+            None
         };
         Ok(Sharing { group, n })
     }
 }
 
+/// Whether the slots of `model` on `device` are one group that decodes together: a decoder
+/// on the CPU.
+pub fn decode_together(model: &Model, device: Device) -> bool {
+    !model.layout.is_encoder() && device == Device::Cpu
+}
+
 /// What the slots of `sharing` charge together, one of which charges `one`.
 fn demand_of(one: &Demand, sharing: &Sharing) -> Demand {
     let n = sharing.n as u64;
-    match sharing.group {
-        Some(g) => Demand {
-            weights: one.weights,
-            kv: one.kv.saturating_mul(n),
-            arena: one.arena.max(g.batch_arena_bytes),
-            scratch: one.scratch.saturating_add(g.logits_bytes),
-        },
+    match &sharing.group {
+        Some(g) => g.demand(one),
         None => Demand {
             weights: one.weights,
             kv: one.kv.saturating_mul(n),
@@ -96,11 +98,14 @@ fn largest_ctx(
 /// The largest number of slots of `one` that fit `budget` (shared as `sharing` says).
 fn largest_slots(one: &Demand, budget: &Budget, sharing: &Sharing) -> usize {
     let base = if budget.count_weights { one.weights } else { 0 };
-    let (shared, per) = match sharing.group {
-        Some(g) => (
-            one.arena.max(g.batch_arena_bytes) + one.scratch,
-            one.kv + g.logits_bytes / sharing.n.max(1) as u64,
-        ),
+    let (shared, per) = match &sharing.group {
+        Some(g) => {
+            let all = g.demand(one);
+            (
+                all.arena + one.scratch,
+                one.kv + g.logits_bytes / g.n.max(1) as u64,
+            )
+        }
         None => (0, one.kv + one.arena + one.scratch),
     };
     match budget.limit_bytes.checked_sub(base + shared) {

@@ -30,7 +30,7 @@ pub struct GroupPlan {
     /// What the whole group allocates: `n` KV caches, one arena, one scratch plus the
     /// members' logits rows.
     pub report: MemoryReport,
-    batch: PlannedGraph,
+    sizing: GroupSizing,
 }
 
 impl std::fmt::Debug for GroupPlan {
@@ -51,45 +51,28 @@ impl GroupPlan {
 
     /// Plans a group of `n` sessions shaped as `session`.
     pub fn from_session(model: &Model, session: SessionPlan, n: usize) -> Result<GroupPlan> {
+        GroupPlan::from_sizing(session, GroupSizing::new(model, n)?)
+    }
+
+    /// A group of sessions shaped as `session`, with the every-row graph `sizing` planned.
+    pub fn from_sizing(session: SessionPlan, sizing: GroupSizing) -> Result<GroupPlan> {
         if session.device != Device::Cpu {
             return Err(EngineError::Unsupported(
                 "sessions decode together on the CPU only; on a GPU each session runs alone".into(),
             ));
         }
-        if n == 0 || n > MAX_MEMBERS {
-            return Err(EngineError::InvalidArgument(format!(
-                "a group holds 1 to {MAX_MEMBERS} sessions, not {n}"
-            )));
-        }
-        let batch = plan_batch_graph(model, n)?;
-        let sizing = GroupSizing::of(model, &batch, n);
         Ok(GroupPlan {
             report: sizing.report(&session.report),
             session,
-            n,
-            batch,
+            n: sizing.n,
+            sizing,
         })
     }
 
     /// What a budget is charged for the group.
     pub fn demand(&self) -> edge_targets::Demand {
-        edge_targets::Demand {
-            weights: self.report.weights_bytes,
-            kv: self.report.kv_bytes,
-            arena: self.report.arena_bytes,
-            scratch: self.report.scratch_bytes,
-        }
+        self.report.demand()
     }
-}
-
-/// The every-row graph of a group of `n`: [`batch_rows`] rows.
-fn plan_batch_graph(model: &Model, n: usize) -> Result<PlannedGraph> {
-    let graph = model.build_every_row_graph(batch_rows(n)).ok_or_else(|| {
-        EngineError::InvalidArgument(
-            "an encoder (embedding) model has no decode steps to run together".into(),
-        )
-    })?;
-    PlannedGraph::plan(graph)
 }
 
 /// Rows of one shared pass of a group of `n`: every member's step, up to [`MAX_BATCH`] (whose
@@ -98,45 +81,70 @@ pub fn batch_rows(n: usize) -> usize {
     n.clamp(2, MAX_BATCH)
 }
 
-/// What a group of `n` sessions adds to one session's memory, without planning the sessions:
-/// for budgets that try many contexts.
-#[derive(Debug, Clone, Copy)]
+/// What a group of `n` sessions adds to one session's memory, its every-row graph planned
+/// once: for budgets that try many contexts, and then for the group's plan.
+#[derive(Clone)]
 pub struct GroupSizing {
     /// Sessions.
     pub n: usize,
-    /// The every-row graph's arena, and its lower bound.
-    pub batch_arena_bytes: u64,
-    batch_lower_bound_bytes: u64,
+    /// The every-row graph ([`batch_rows`] rows).
+    batch: PlannedGraph,
     /// The members' logits rows.
     pub logits_bytes: u64,
+}
+
+impl std::fmt::Debug for GroupSizing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupSizing")
+            .field("n", &self.n)
+            .field("batch_arena_bytes", &self.batch.arena_bytes)
+            .field("logits_bytes", &self.logits_bytes)
+            .finish()
+    }
 }
 
 impl GroupSizing {
     /// Plans the every-row graph of a group of `n` of `model`'s sessions.
     pub fn new(model: &Model, n: usize) -> Result<GroupSizing> {
-        Ok(GroupSizing::of(model, &plan_batch_graph(model, n)?, n))
+        if n == 0 || n > MAX_MEMBERS {
+            return Err(EngineError::InvalidArgument(format!(
+                "a group holds 1 to {MAX_MEMBERS} sessions, not {n}"
+            )));
+        }
+        let graph = model.build_every_row_graph(batch_rows(n)).ok_or_else(|| {
+            EngineError::InvalidArgument(
+                "an encoder (embedding) model has no decode steps to run together".into(),
+            )
+        })?;
+        Ok(GroupSizing {
+            n,
+            batch: PlannedGraph::plan(graph)?,
+            logits_bytes: CpuGroup::logits_bytes(model.params.n_vocab, n) as u64,
+        })
     }
 
-    fn of(model: &Model, batch: &PlannedGraph, n: usize) -> GroupSizing {
-        GroupSizing {
-            n,
-            batch_arena_bytes: batch.arena_bytes as u64,
-            batch_lower_bound_bytes: batch.lower_bound_bytes as u64,
-            logits_bytes: CpuGroup::logits_bytes(model.params.n_vocab, n) as u64,
+    /// What the group is charged, given what one session is: `n` KV caches, the one arena
+    /// (the larger of the session's and the every-row graph's), the one scratch and the
+    /// logits rows (counted as scratch).
+    pub fn demand(&self, one: &edge_targets::Demand) -> edge_targets::Demand {
+        edge_targets::Demand {
+            weights: one.weights,
+            kv: one.kv.saturating_mul(self.n as u64),
+            arena: one.arena.max(self.batch.arena_bytes as u64),
+            scratch: one.scratch.saturating_add(self.logits_bytes),
         }
     }
 
-    /// What the group allocates, given one session's report: `n` KV caches, the one arena
-    /// (the larger of the session's and the every-row graph's), the one scratch and the
-    /// logits rows (counted as scratch).
+    /// What the group allocates ([`GroupSizing::demand`]), given one session's report.
     pub fn report(&self, one: &MemoryReport) -> MemoryReport {
+        let d = self.demand(&one.demand());
         MemoryReport {
-            kv_bytes: one.kv_bytes.saturating_mul(self.n as u64),
-            arena_bytes: one.arena_bytes.max(self.batch_arena_bytes),
+            kv_bytes: d.kv,
+            arena_bytes: d.arena,
             arena_lower_bound_bytes: one
                 .arena_lower_bound_bytes
-                .max(self.batch_lower_bound_bytes),
-            scratch_bytes: one.scratch_bytes.saturating_add(self.logits_bytes),
+                .max(self.batch.lower_bound_bytes as u64),
+            scratch_bytes: d.scratch,
             ..*one
         }
     }
@@ -159,8 +167,9 @@ pub fn open_group_with_kernels(
         session,
         n,
         report,
-        batch,
+        sizing,
     } = plan;
+    let batch = sizing.batch;
     let mut alloc = session.allocation();
     // The one executor's arena serves every graph of the group.
     alloc.arena_bytes = report.arena_bytes as usize;

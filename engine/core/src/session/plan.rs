@@ -259,12 +259,7 @@ impl SessionPlan {
 
     /// What the budget would be charged for this plan.
     pub fn demand(&self) -> edge_targets::Demand {
-        edge_targets::Demand {
-            weights: self.report.weights_bytes,
-            kv: self.report.kv_bytes,
-            arena: self.report.arena_bytes,
-            scratch: self.report.scratch_bytes,
-        }
+        self.report.demand()
     }
 
     /// Plans a session within `budget`. With `cfg.ctx` given, refuses (before allocating
