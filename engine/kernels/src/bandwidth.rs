@@ -53,7 +53,16 @@ pub fn read_bandwidth(regions: &[&[u8]], n_threads: usize, reps: usize) -> f64 {
         let sums: Vec<u64> = std::thread::scope(|s| {
             let handles: Vec<_> = shares
                 .iter()
-                .map(|pieces| s.spawn(move || pieces.iter().map(|p| stream_sum(p)).sum::<u64>()))
+                .map(|pieces| {
+                    // Checksums wrap: a plain `sum` overflows (and panics in a debug build,
+                    // which ended the thread early and inflated the figure).
+                    s.spawn(move || {
+                        pieces
+                            .iter()
+                            .map(|p| stream_sum(p))
+                            .fold(0u64, u64::wrapping_add)
+                    })
+                })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or(0)).collect()
         });
