@@ -76,7 +76,8 @@ unsafe fn dot_q4_0_q8_0_impl(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
 }
 
 /// Q8_0 . Q8_0: both sides sign-extended to i16 and multiplied with `madd` (exact for all i8
-/// values, unlike the `sign`/`maddubs` trick which breaks on -128 * -128).
+/// values, unlike the `sign`/`maddubs` trick of [`dot_q8_0_q8_0_sign_impl`], which breaks on an
+/// activation quant of -128).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -101,6 +102,58 @@ unsafe fn dot_q8_0_q8_0_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc);
     }
     hsum(acc)
+}
+
+/// The products of one Q8_0 block pair as ggml's 8 lanes (lane k = elements 4k..4k+3), with
+/// ggml's own trick: `maddubs(|w|, sign(x, w))`. `|w|` is read unsigned, so a weight of -128
+/// is 128 and exact; the signed side `x * sign(w)` is exact unless `x` is -128, and a pair sum
+/// is at most 2 * 128 * 127, within i16. So the lanes equal the exact ones whenever no
+/// activation quant is -128, which [`sign_trick_exact`] checks once per activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_lanes_signed(w_abs: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w)), ones)
+}
+
+/// [`dot_q8_0_q8_0_impl`] with the `sign`/`maddubs` products of [`q8_0_lanes_signed`]: the
+/// same integers in the same lanes (so the same bits) where no activation quant is -128, in
+/// half the instructions; an output head of 49,152 x 576 Q8_0 weights is most of a decode
+/// step's arithmetic on CPUs whose decode is compute-bound.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_sign_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bw, bx) in w.iter().zip(x) {
+        prefetch_stream(bw);
+        let h = f16x4([bw.d[0], bw.d[1], 0, 0], [bx.d[0], bx.d[1], 0, 0]);
+        let d = _mm_mul_ss(h, _mm_movehl_ps(h, h));
+        let a8 = load_q8(&bw.qs);
+        let prod = q8_0_lanes_signed(_mm256_abs_epi8(a8), a8, load_q8(&bx.qs));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(prod), acc);
+    }
+    hsum(acc)
+}
+
+/// Whether the `sign`/`maddubs` Q8_0 kernels are exact for this activation row: none of its
+/// quants is -128. Quantizing activations never makes -128 (`|x| <= amax`, so `|x| * 127 /
+/// amax <= 127`); only hand-made rows hold it.
+pub(super) fn sign_trick_exact(_: Token, x: &[BlockQ8_0]) -> bool {
+    // SAFETY: a `Token` exists only once AVX2 was detected.
+    unsafe { no_min_quant_impl(x) }
+}
+
+/// See [`sign_trick_exact`]: one compare per block (a scalar scan cost 5% of a 4-token kernel).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn no_min_quant_impl(x: &[BlockQ8_0]) -> bool {
+    let min = _mm256_set1_epi8(i8::MIN);
+    let mut any = _mm256_setzero_si256();
+    for b in x {
+        any = _mm256_or_si256(any, _mm256_cmpeq_epi8(load_q8(&b.qs), min));
+    }
+    _mm256_testz_si256(any, any) == 1
 }
 
 // ---- one weight row against several activation rows (prefill) ----
@@ -219,6 +272,46 @@ unsafe fn dot_q8_0_q8_0_xn_impl<const N: usize>(w: &[BlockQ8_0], x: [&[BlockQ8_0
     out
 }
 
+/// [`dot_q8_0_q8_0_xn_impl`] with the products of [`q8_0_lanes_signed`] (same bits where no
+/// activation quant is -128). The `N` tokens' scale products `d_w * d_x` are formed in one
+/// register, each lane the same single f32 product the one-row kernel forms.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks; `N <= 8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_xn_sign_impl<const N: usize>(
+    w: &[BlockQ8_0],
+    x: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let lanes: [__m256i; N] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
+    let mut xd = [0u16; 8];
+    for (i, bw) in w.iter().enumerate() {
+        let a8 = load_q8(&bw.qs);
+        let a_abs = _mm256_abs_epi8(a8);
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            xd[t] = u16::from_le_bytes(unsafe { x[t].get_unchecked(i) }.d);
+        }
+        // SAFETY: `xd` is 8 u16 = 16 readable bytes; loadu has no alignment requirement.
+        let xd8 = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(xd.as_ptr().cast()) });
+        let dw = _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bw.d)));
+        let p = _mm256_mul_ps(dw, xd8);
+        for t in 0..N {
+            // SAFETY: as above.
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let prod = q8_0_lanes_signed(a_abs, a8, load_q8(&bx.qs));
+            let d = _mm256_permutevar8x32_ps(p, lanes[t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
 /// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same
 /// flavour: returns the f32 `d` and the quants as i32 in 4 vectors of 8 (element order).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -327,10 +420,20 @@ pub(super) fn dot_q4_0_q8_0(_: Token, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
 }
 
 pub(super) fn dot_q8_0_q8_0(t: Token, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    dot_q8_0_q8_0_with(t, w, x, sign_trick_exact(t, &x[..w.len().min(x.len())]))
+}
+
+/// [`dot_q8_0_q8_0`] where the caller has checked the activation row once for many weight rows:
+/// `sign_ok` is [`sign_trick_exact`] of `x` (with `false` the exact, slower products run).
+pub(super) fn dot_q8_0_q8_0_with(t: Token, w: &[BlockQ8_0], x: &[BlockQ8_0], sign_ok: bool) -> f32 {
     assert!(x.len() >= w.len(), "activation row too short");
     if t.avx512() {
         // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
         return unsafe { super::avx512::dot_q8_0_q8_0(w, x) };
+    }
+    if sign_ok {
+        // SAFETY: see above.
+        return unsafe { dot_q8_0_q8_0_sign_impl(w, x) };
     }
     // SAFETY: see above.
     unsafe { dot_q8_0_q8_0_impl(w, x) }
@@ -442,16 +545,22 @@ pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
     unsafe { dot_q4_0_q8_0_xn_impl(w, x) }
 }
 
-/// See [`dot_q4_1_q8_1_x4`].
+/// See [`dot_q4_1_q8_1_x4`]; `sign_ok` as in [`dot_q8_0_q8_0_with`], for every `x[t]`.
 pub(super) fn dot_q8_0_q8_0_xn<const N: usize>(
     _: Token,
     w: &[BlockQ8_0],
     x: [&[BlockQ8_0]; N],
+    sign_ok: bool,
 ) -> [f32; N] {
     assert!(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
+    const { assert!(N <= 8) };
+    if sign_ok {
+        // SAFETY: see above; lengths checked, N <= 8.
+        return unsafe { dot_q8_0_q8_0_xn_sign_impl(w, x) };
+    }
     // SAFETY: see above; lengths checked.
     unsafe { dot_q8_0_q8_0_xn_impl(w, x) }
 }

@@ -801,7 +801,8 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q8_0) => {
                 let xb = blocks(x);
-                rows_with!(|wr| avx2::dot_q8_0_q8_0(t, blocks(wr), xb))
+                let sign_ok = avx2::sign_trick_exact(t, xb);
+                rows_with!(|wr| avx2::dot_q8_0_q8_0_with(t, blocks(wr), xb, sign_ok))
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0) => {
@@ -1048,7 +1049,16 @@ impl Kernels {
                 // llama.cpp never repacks Q5_0 / Q5_1: any row count.
                 GgmlType::Q5_0 => rows_with!(avx2_quants::dot_q5_0_q8_0_xn),
                 GgmlType::Q5_1 => rows_with!(avx2_quants::dot_q5_1_q8_1_xn),
-                _ => rows_with!(avx2::dot_q8_0_q8_0_xn),
+                _ => {
+                    let xbl = x.map(blocks);
+                    let sign_ok = xbl.iter().all(|x| avx2::sign_trick_exact(t, x));
+                    for (i, wr) in w.chunks_exact(rb).enumerate() {
+                        let r = avx2::dot_q8_0_q8_0_xn(t, blocks(wr), xbl, sign_ok);
+                        for (yt, rt) in y.iter_mut().zip(r) {
+                            yt[i] = rt;
+                        }
+                    }
+                }
             }
             return true;
         }

@@ -631,6 +631,70 @@ fn q8_0_extremes_exact() {
     }
 }
 
+/// The AVX2 Q8_0 kernels take ggml's `sign`/`maddubs` products where no activation quant is
+/// -128 and the exact ones where one is: with random weight bytes (-128 among them) and
+/// activations quantized (never -128) or with a -128 put in, every path (one row, many rows,
+/// 1-4 tokens) equals the scalar set bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_0_sign_trick_paths_equal_scalar() {
+    let scalar = Kernels::scalar();
+    let mut r = Rng::new(77);
+    let (n, rows) = (224usize, 11usize);
+    let rb = bytes_of(GgmlType::Q8_0, n);
+    let mut w = r.bytes(rb * rows);
+    for blk in w.chunks_mut(34) {
+        blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+    }
+    assert!(w.chunks(34).any(|b| b[2..].contains(&0x80)), "no -128 weight");
+    for with_min in [false, true] {
+        let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
+            .map(|t| {
+                let mut b = vec![0u8; rb];
+                quantize_row(GgmlType::Q8_0, &r.vec(n, 2.0), &mut b).unwrap();
+                assert!(!b.chunks(34).any(|q| q[2..].contains(&0x80)));
+                if with_min && t == 2 {
+                    b[34 * 3 + 7] = 0x80;
+                }
+                b
+            })
+            .collect();
+        let want: Vec<Vec<f32>> = xs
+            .iter()
+            .map(|x| {
+                let mut y = vec![0.0; rows];
+                scalar.matvec(GgmlType::Q8_0, n, &w, x, 0..rows, &mut y);
+                y
+            })
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for k in all_kernels() {
+            for (t, x) in xs.iter().enumerate() {
+                let mut y = vec![0.0; rows];
+                k.matvec(GgmlType::Q8_0, n, &w, x, 0..rows, &mut y);
+                assert_eq!(bits(&y), bits(&want[t]), "{} matvec token {t}", k.isa_name());
+                let one = k.vec_dot(GgmlType::Q8_0, n, &w[rb..2 * rb], x);
+                assert_eq!(one.to_bits(), want[t][1].to_bits(), "{} vec_dot", k.isa_name());
+            }
+            let mut got = vec![vec![f32::NAN; rows]; MATVEC_TOKENS];
+            let [a, b, c, d] = &mut got[..] else {
+                unreachable!()
+            };
+            let x4 = std::array::from_fn(|t| &xs[t][..]);
+            if k.matvec_tokens(GgmlType::Q8_0, n, &w, x4, 0..rows, [a, b, c, d]) {
+                for t in 0..MATVEC_TOKENS {
+                    assert_eq!(
+                        bits(&got[t]),
+                        bits(&want[t]),
+                        "{} matvec_tokens token {t} (a -128 activation: {with_min})",
+                        k.isa_name()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// `cargo test --release -p edge-kernels --lib cpu::tests::bench -- --ignored --nocapture`
 #[test]
 #[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
