@@ -232,7 +232,9 @@ impl GroupMember {
                 std::mem::swap(&mut self.logits, &mut st.results[me]);
                 return if st.ok[me] { Ok(()) } else { Err(panicked()) };
             }
-            if !st.leader {
+            // A step already taken into a batch (asked is empty again) waits for that batch;
+            // leading now would gather nothing of its own.
+            if !st.leader && st.asked[me].is_some() {
                 st.leader = true;
                 drop(st);
                 self.lead(model, decode);
@@ -295,6 +297,10 @@ impl GroupMember {
         // The next asker may lead the next batch: it waits for this one's executor.
         st.leader = false;
         drop(st);
+        g.changed.notify_all();
+        if core.rows.is_empty() {
+            return;
+        }
         let started = Instant::now();
         let ok = run_batch(core, model, decode);
         let mut st = lock(&g.gathering);
