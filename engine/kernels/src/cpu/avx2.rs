@@ -22,6 +22,7 @@ use super::x86::{hsum, load_q8, nibbles, prefetch_stream, Token};
 
 /// Converts the two f16 pairs `(a0, a1)` and `(b0, b1)` (each as 4 little-endian bytes) to
 /// `[a0, a1, b0, b1]` as f32.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16x4(a: [u8; 4], b: [u8; 4]) -> __m128 {
     let v = _mm_set_epi32(0, 0, i32::from_le_bytes(b), i32::from_le_bytes(a));
@@ -163,39 +164,30 @@ unsafe fn no_min_quant_impl(x: &[BlockQ8_0]) -> bool {
 // and unpacking, and the independent accumulators keep the FMA units busy instead of waiting
 // on one dependency chain.
 
-/// [`dot_q4_1_q8_1_impl`] of one weight row with 4 activation rows. The four tokens' scale
-/// products are formed in one register, `[d_w*d_x0, m_w*s_x0, d_w*d_x1, m_w*s_x1, ..]`, each lane
-/// the same single f32 product the one-row kernel forms, and the `m*s` lanes are summed in one
-/// register, each lane with the one-row kernel's sequence of additions.
+/// [`dot_q4_1_q8_1_impl`] of one weight row with `N` (at most 4) activation rows. The tokens'
+/// scale products are formed in one register, `[d_w*d_x0, m_w*s_x0, d_w*d_x1, m_w*s_x1, ..]`,
+/// each lane the same single f32 product the one-row kernel forms, and the `m*s` lanes are
+/// summed in one register, each lane with the one-row kernel's sequence of additions.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks; `N <= 4`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_q8_1_x4_impl(w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+unsafe fn dot_q4_1_q8_1_xn_impl<const N: usize>(w: &[BlockQ4_1], x: [&[BlockQ8_1]; N]) -> [f32; N] {
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc = [_mm256_setzero_ps(); N];
     let mut acc_m = _mm256_setzero_ps();
-    let lanes = [
-        _mm256_set1_epi32(0),
-        _mm256_set1_epi32(2),
-        _mm256_set1_epi32(4),
-        _mm256_set1_epi32(6),
-    ];
+    let lanes: [__m256i; N] = std::array::from_fn(|t| _mm256_set1_epi32(2 * t as i32));
     let ds = |a: [u8; 2], b: [u8; 2]| i32::from_le_bytes([a[0], a[1], b[0], b[1]]);
     for (i, bw) in w.iter().enumerate() {
         let q = nibbles(&bw.qs);
         let wdm = _mm256_cvtph_ps(_mm_set1_epi32(ds(bw.d, bw.m)));
         // SAFETY: i < w.len() <= x[t].len() (caller).
         let bx = x.map(|r| unsafe { r.get_unchecked(i) });
-        let xds = _mm256_cvtph_ps(_mm_setr_epi32(
-            ds(bx[0].d, bx[0].s),
-            ds(bx[1].d, bx[1].s),
-            ds(bx[2].d, bx[2].s),
-            ds(bx[3].d, bx[3].s),
-        ));
+        let dsx: [i32; 4] = std::array::from_fn(|t| if t < N { ds(bx[t].d, bx[t].s) } else { 0 });
+        let xds = _mm256_cvtph_ps(_mm_setr_epi32(dsx[0], dsx[1], dsx[2], dsx[3]));
         let p = _mm256_mul_ps(wdm, xds);
         acc_m = _mm256_add_ps(acc_m, p);
-        for t in 0..4 {
+        for t in 0..N {
             let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load_q8(&bx[t].qs)), ones);
             let d = _mm256_permutevar8x32_ps(p, lanes[t]);
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
@@ -204,8 +196,8 @@ unsafe fn dot_q4_1_q8_1_x4_impl(w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 
     let mut m = [0.0f32; 8];
     // SAFETY: `m` has 8 f32; storeu has no alignment requirement.
     unsafe { _mm256_storeu_ps(m.as_mut_ptr(), acc_m) };
-    let mut out = [0.0f32; 4];
-    for t in 0..4 {
+    let mut out = [0.0f32; N];
+    for t in 0..N {
         out[t] = hsum(acc[t]) + m[2 * t + 1];
     }
     out
@@ -510,22 +502,29 @@ pub(super) fn dot_q8_0_q8_0_rows2(t: Token, w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0
     unsafe { super::avx512::dot_q8_0_q8_0_rows2(w, x) }
 }
 
-/// The one-row dots of a weight row with `N` activation rows at once (bit-identical to `N`
-/// calls of the one-row kernel). Panics if an activation row is shorter than the weight row.
-pub(super) fn dot_q4_1_q8_1_x4(t: Token, w: &[BlockQ4_1], x: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+/// The one-row dots of a weight row with `N` (2 to 4) activation rows at once (bit-identical
+/// to `N` calls of the one-row kernel). Panics if an activation row is shorter than the weight
+/// row.
+pub(super) fn dot_q4_1_q8_1_xn<const N: usize>(
+    t: Token,
+    w: &[BlockQ4_1],
+    x: [&[BlockQ8_1]; N],
+) -> [f32; N] {
+    const { assert!(N <= 4) };
     assert!(
         x.iter().all(|r| r.len() >= w.len()),
         "activation row too short"
     );
-    if t.avx512() {
+    if N == 4 && t.avx512() {
         // SAFETY: see above (the token's AVX-512 features were detected); lengths checked.
-        return unsafe { super::avx512::dot_q4_1_q8_1_x4(w, x) };
+        let r = unsafe { super::avx512::dot_q4_1_q8_1_x4(w, std::array::from_fn(|k| x[k])) };
+        return std::array::from_fn(|k| r[k]);
     }
-    // SAFETY: see above; lengths checked.
-    unsafe { dot_q4_1_q8_1_x4_impl(w, x) }
+    // SAFETY: see above; lengths checked, N <= 4.
+    unsafe { dot_q4_1_q8_1_xn_impl(w, x) }
 }
 
-/// See [`dot_q4_1_q8_1_x4`].
+/// See [`dot_q4_1_q8_1_xn`].
 pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
     t: Token,
     w: &[BlockQ4_0],
@@ -545,7 +544,7 @@ pub(super) fn dot_q4_0_q8_0_xn<const N: usize>(
     unsafe { dot_q4_0_q8_0_xn_impl(w, x) }
 }
 
-/// See [`dot_q4_1_q8_1_x4`]; `sign_ok` as in [`dot_q8_0_q8_0_with`], for every `x[t]`.
+/// See [`dot_q4_1_q8_1_xn`]; `sign_ok` as in [`dot_q8_0_q8_0_with`], for every `x[t]`.
 pub(super) fn dot_q8_0_q8_0_xn<const N: usize>(
     _: Token,
     w: &[BlockQ8_0],

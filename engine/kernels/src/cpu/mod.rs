@@ -968,28 +968,36 @@ pub const MATVEC_TOKENS: usize = 4;
 pub const MATVEC_TOKENS8: usize = 8;
 
 impl Kernels {
-    /// [`Kernels::matvec`] for [`MATVEC_TOKENS`] activation rows at once: `y[t][i] = dot(W row
-    /// rows.start + i, x_q[t])`. Results are bit-identical to `MATVEC_TOKENS` calls of
-    /// `matvec`; each weight row is loaded and unpacked once for all of them (prefill). Returns
-    /// false, having done nothing, where this instruction set has no such kernel for `w_ty`:
-    /// the caller then runs `matvec` per token.
+    /// [`Kernels::matvec`] for `N` activation rows at once (`N` from 2 to [`MATVEC_TOKENS`]):
+    /// `y[t][i] = dot(W row rows.start + i, x_q[t])`. Results are bit-identical to `N` calls of
+    /// `matvec`; each weight row is loaded and unpacked once for all of them (prefill, and the
+    /// decode steps of sessions that run together). Returns false, having done nothing, where
+    /// this instruction set has no such kernel for `w_ty` and `N` (the kernels of repacked
+    /// matrices take exactly 4): the caller then runs `matvec` per token.
     ///
     /// # Panics
     /// As [`Kernels::matvec`].
-    pub fn matvec_tokens(
+    pub fn matvec_tokens<const N: usize>(
         &self,
         w_ty: GgmlType,
         n: usize,
         w: &[u8],
-        x_q: [&[u8]; MATVEC_TOKENS],
+        x_q: [&[u8]; N],
         rows: Range<usize>,
-        y: [&mut [f32]; MATVEC_TOKENS],
+        y: [&mut [f32]; N],
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
             let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
             // Q4_0 / Q4_K matrices llama.cpp repacks add in another order (see `matvec`).
             let repacked = rb != 0 && repack::repacked_shape(w.len() / rb);
+            // The 16- and 8-row kernels of repacked Q4_0 / IQ4_NL and the AVX-512 Q4_K rows
+            // take 4 tokens.
+            let fixed_four = matches!(w_ty, GgmlType::Q4_0 | GgmlType::IQ4_NL) && repacked
+                || w_ty == GgmlType::Q4_K && repacked && t.avx512();
+            if !(2..=MATVEC_TOKENS).contains(&N) || (fixed_four && N != MATVEC_TOKENS) {
+                return false;
+            }
             if !(matches!(
                 w_ty,
                 GgmlType::Q4_1
@@ -1031,15 +1039,21 @@ impl Kernels {
                 }};
             }
             match w_ty {
-                GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_x4),
+                GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
                 // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
-                GgmlType::Q4_0 if repacked => {
-                    q4_0_rows::matvec_x4_q4_0(t, w, rb, x.map(blocks), &mut y)
+                GgmlType::Q4_0 | GgmlType::IQ4_NL if repacked => {
+                    let x4: [&[u8]; MATVEC_TOKENS] = std::array::from_fn(|k| x[k]);
+                    let mut y4: [&mut [f32]; MATVEC_TOKENS] = to_four(y);
+                    if w_ty == GgmlType::Q4_0 {
+                        q4_0_rows::matvec_x4_q4_0(t, w, rb, x4.map(blocks), &mut y4)
+                    } else {
+                        q4_0_rows::matvec_x4_iq4_nl(t, w, rb, x4.map(blocks), &mut y4)
+                    }
                 }
-                GgmlType::IQ4_NL => q4_0_rows::matvec_x4_iq4_nl(t, w, rb, x.map(blocks), &mut y),
                 GgmlType::Q4_0 => rows_with!(avx2::dot_q4_0_q8_0_xn),
                 GgmlType::Q4_K if repacked && t.avx512() => {
-                    q4_k_rows::matvec_q4_k(t, w, rb, x.map(blocks), y)
+                    let x4: [&[u8]; MATVEC_TOKENS] = std::array::from_fn(|k| x[k]);
+                    q4_k_rows::matvec_q4_k(t, w, rb, x4.map(blocks), to_four(y))
                 }
                 GgmlType::Q4_K if repacked => rows_with!(repack::avx2::dot_q4_k_q8_k_xn),
                 GgmlType::Q4_K => rows_with!(avx2_quants::dot_q4_k_q8_k_xn),
@@ -1065,6 +1079,17 @@ impl Kernels {
         let _ = (w_ty, n, w, x_q, rows, y);
         false
     }
+}
+
+/// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).
+#[cfg(target_arch = "x86_64")]
+fn to_four<'a, const N: usize>(y: [&'a mut [f32]; N]) -> [&'a mut [f32]; MATVEC_TOKENS] {
+    // No allocation: this runs for every 16-row chunk of a prefill matmul.
+    let mut rows = y.into_iter();
+    std::array::from_fn(|_| {
+        rows.next()
+            .unwrap_or_else(|| unreachable!("called with N == MATVEC_TOKENS only"))
+    })
 }
 
 impl Kernels {

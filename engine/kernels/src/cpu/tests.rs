@@ -224,6 +224,40 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
                         range.clone(),
                         [a, b, c, d],
                     );
+                    // Two and three tokens (sessions decoding together) give the same bits
+                    // where a kernel takes them.
+                    let mut few = vec![vec![f32::NAN; range.len()]; 3];
+                    let [a, b, c] = &mut few[..] else {
+                        unreachable!()
+                    };
+                    let x3: [&[u8]; 3] = std::array::from_fn(|t| &xs[t][..]);
+                    if k.matvec_tokens(ty, n, &w, x3, range.clone(), [a, b, c]) {
+                        assert!(done, "{} {ty}: 3 tokens taken, 4 declined", k.isa_name());
+                        for (f, g) in few.iter().zip(&got) {
+                            assert_eq!(
+                                f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                "{} {ty} x3",
+                                k.isa_name()
+                            );
+                        }
+                    }
+                    let [a, b, _] = &mut few[..] else {
+                        unreachable!()
+                    };
+                    a.fill(f32::NAN);
+                    b.fill(f32::NAN);
+                    let x2: [&[u8]; 2] = [&xs[2][..], &xs[3][..]];
+                    if k.matvec_tokens(ty, n, &w, x2, range.clone(), [a, b]) {
+                        for (f, g) in few.iter().zip(&got[2..]) {
+                            assert_eq!(
+                                f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                "{} {ty} x2",
+                                k.isa_name()
+                            );
+                        }
+                    }
                     if !done {
                         assert!(
                             got.iter().flatten().all(|v| v.is_nan()),
@@ -646,7 +680,10 @@ fn q8_0_sign_trick_paths_equal_scalar() {
     for blk in w.chunks_mut(34) {
         blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
     }
-    assert!(w.chunks(34).any(|b| b[2..].contains(&0x80)), "no -128 weight");
+    assert!(
+        w.chunks(34).any(|b| b[2..].contains(&0x80)),
+        "no -128 weight"
+    );
     for with_min in [false, true] {
         let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
             .map(|t| {
@@ -672,9 +709,19 @@ fn q8_0_sign_trick_paths_equal_scalar() {
             for (t, x) in xs.iter().enumerate() {
                 let mut y = vec![0.0; rows];
                 k.matvec(GgmlType::Q8_0, n, &w, x, 0..rows, &mut y);
-                assert_eq!(bits(&y), bits(&want[t]), "{} matvec token {t}", k.isa_name());
+                assert_eq!(
+                    bits(&y),
+                    bits(&want[t]),
+                    "{} matvec token {t}",
+                    k.isa_name()
+                );
                 let one = k.vec_dot(GgmlType::Q8_0, n, &w[rb..2 * rb], x);
-                assert_eq!(one.to_bits(), want[t][1].to_bits(), "{} vec_dot", k.isa_name());
+                assert_eq!(
+                    one.to_bits(),
+                    want[t][1].to_bits(),
+                    "{} vec_dot",
+                    k.isa_name()
+                );
             }
             let mut got = vec![vec![f32::NAN; rows]; MATVEC_TOKENS];
             let [a, b, c, d] = &mut got[..] else {

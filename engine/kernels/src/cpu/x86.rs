@@ -83,6 +83,7 @@ pub(super) fn prefetch_stream<T>(block: &T) {
 
 /// Horizontal sum of 8 f32 lanes, in ggml's `hsum_float_8` order (halves added lane-wise,
 /// then `(t0 + t2) + (t1 + t3)`).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -93,6 +94,7 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
 
 /// The 32 nibbles of a Q4 block as 32 unsigned bytes, in element order (low nibbles = 0..15,
 /// high nibbles = 16..31).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
@@ -102,6 +104,7 @@ pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 }
 
 /// Loads 32 signed quants.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn load_q8(qs: &[i8; 32]) -> __m256i {
     // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
@@ -113,6 +116,7 @@ pub(super) unsafe fn load_q8(qs: &[i8; 32]) -> __m256i {
 /// The 32 quants of a Q5_0 / Q5_1 block as unsigned bytes (0..31), in element order: the
 /// nibbles, with bit `j` of `qh` (a little-endian u32) as bit 4 of byte `j` (ggml's
 /// `bytes_from_bits_32`: byte `j` gets `qh` byte `j / 8`, and bit `j % 8` of it is tested).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
     let spread = _mm256_setr_epi64x(
@@ -152,6 +156,7 @@ pub(super) fn k4_scales_mins(packed: &[u8; 12]) -> [u32; 4] {
 }
 
 /// [`k4_scales_mins`] as 16 i16: scales 0..8 in the low 128 bits, mins 0..8 in the high.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
     let u = k4_scales_mins(packed).map(|v| v as i32);
@@ -159,6 +164,7 @@ pub(super) unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
 }
 
 /// `sum_k m[k] * (bsum(2k) + bsum(2k + 1))` of one block (`sm` from [`k4_scales_mins_i16`]).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_min_sum(bx: &BlockQ8_K, sm: __m256i) -> i32 {
     let m = _mm256_extracti128_si256(sm, 1);

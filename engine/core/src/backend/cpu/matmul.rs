@@ -100,6 +100,14 @@ impl OpCtx<'_> {
             t = self.token_groups::<{ MATVEC_TOKENS }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
                 k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
             });
+            // 2 or 3 left (the decode step of 2 or 3 sessions running together, or the end
+            // of a prompt chunk): they share each weight row's unpacking too.
+            t = self.token_groups::<3>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+                k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
+            });
+            t = self.token_groups::<2>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+                k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
+            });
             for t in t..n_tok {
                 let y = self.output(out, t, start..end);
                 self.exec.kernels.matvec(
