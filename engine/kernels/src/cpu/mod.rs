@@ -1083,7 +1083,7 @@ impl Kernels {
 
 /// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).
 #[cfg(target_arch = "x86_64")]
-fn to_four<'a, const N: usize>(y: [&'a mut [f32]; N]) -> [&'a mut [f32]; MATVEC_TOKENS] {
+fn to_four<const N: usize>(y: [&mut [f32]; N]) -> [&mut [f32]; MATVEC_TOKENS] {
     // No allocation: this runs for every 16-row chunk of a prefill matmul.
     let mut rows = y.into_iter();
     std::array::from_fn(|_| {
