@@ -1028,7 +1028,7 @@ impl Kernels {
                 return true;
             }
             macro_rules! rows_with {
-                ($dot:path) => {{
+                ($dot:expr) => {{
                     let xbl = x.map(|x| blocks(x));
                     for (i, wr) in w.chunks_exact(rb).enumerate() {
                         let r = $dot(t, blocks(wr), xbl);
@@ -1064,14 +1064,8 @@ impl Kernels {
                 GgmlType::Q5_0 => rows_with!(avx2_quants::dot_q5_0_q8_0_xn),
                 GgmlType::Q5_1 => rows_with!(avx2_quants::dot_q5_1_q8_1_xn),
                 _ => {
-                    let xbl = x.map(blocks);
-                    let sign_ok = xbl.iter().all(|x| avx2::sign_trick_exact(t, x));
-                    for (i, wr) in w.chunks_exact(rb).enumerate() {
-                        let r = avx2::dot_q8_0_q8_0_xn(t, blocks(wr), xbl, sign_ok);
-                        for (yt, rt) in y.iter_mut().zip(r) {
-                            yt[i] = rt;
-                        }
-                    }
+                    let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));
+                    rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn(t, w, x, sign_ok))
                 }
             }
             return true;

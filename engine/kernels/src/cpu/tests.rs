@@ -192,6 +192,7 @@ fn matvec_rows_relative_output() {
 #[test]
 fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
     let mut r = Rng::new(41);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     for k in all_kernels() {
         for ty in [
             GgmlType::Q4_0,
@@ -234,12 +235,7 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
                     if k.matvec_tokens(ty, n, &w, x3, range.clone(), [a, b, c]) {
                         assert!(done, "{} {ty}: 3 tokens taken, 4 declined", k.isa_name());
                         for (f, g) in few.iter().zip(&got) {
-                            assert_eq!(
-                                f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                                g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                                "{} {ty} x3",
-                                k.isa_name()
-                            );
+                            assert_eq!(bits(f), bits(g), "{} {ty} x3", k.isa_name());
                         }
                     }
                     let [a, b, _] = &mut few[..] else {
@@ -250,12 +246,7 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
                     let x2: [&[u8]; 2] = [&xs[2][..], &xs[3][..]];
                     if k.matvec_tokens(ty, n, &w, x2, range.clone(), [a, b]) {
                         for (f, g) in few.iter().zip(&got[2..]) {
-                            assert_eq!(
-                                f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                                g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                                "{} {ty} x2",
-                                k.isa_name()
-                            );
+                            assert_eq!(bits(f), bits(g), "{} {ty} x2", k.isa_name());
                         }
                     }
                     if !done {
@@ -279,7 +270,6 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
                                 k.isa_name()
                             );
                         }
-                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                         assert_eq!(
                             bits(&got[t]),
                             bits(&want),
