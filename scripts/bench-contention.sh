@@ -14,12 +14,11 @@ cd "$(dirname "$0")/.."
 MODEL=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 N=${2:-64}
 REPS=${REPS:-3}
-[ -f "$MODEL" ] || { echo "error: $MODEL: no such file (scripts/fetch-model.sh downloads the default model)" >&2; exit 1; }
-PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
+. scripts/side-by-side.sh
+need_model "$MODEL"
+use_peer llama-bench
 LLAMA_BENCH=$PEER_BIN/llama-bench
-[ -x "$LLAMA_BENCH" ] || { echo "error: $LLAMA_BENCH not found after building the peer" >&2; exit 1; }
-cargo build --release -q -p edge-run --bin edge-run >&2
-EDGE_RUN=${CARGO_TARGET_DIR:-target}/release/edge-run
+use_edge_run
 CPUS=$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
 OUT=$(mktemp -d)
 NEIGHBOUR=""

@@ -17,15 +17,11 @@ P=${3:-512}
 N=${4:-128}
 ROUNDS=${ROUNDS:-3}
 REPS=${REPS:-5}
-[ -f "$MODEL" ] || { echo "error: $MODEL: no such file (scripts/fetch-model.sh downloads the default model)" >&2; exit 1; }
-
-PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
+. scripts/side-by-side.sh
+need_model "$MODEL"
+use_peer llama-bench
 LLAMA_BENCH=$PEER_BIN/llama-bench
-[ -x "$LLAMA_BENCH" ] || { echo "error: $LLAMA_BENCH not found after building the peer" >&2; exit 1; }
-
-cargo build --release -q -p edge-run --bin edge-run >&2
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-EDGE_RUN=$TARGET_DIR/release/edge-run
+use_edge_run
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT

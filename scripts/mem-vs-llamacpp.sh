@@ -19,14 +19,13 @@ CTX=${CTX:-2048}
 UBATCH=${UBATCH:-512}
 N=${N:-64}
 PROMPT=${PROMPT:-"Write a short story about a robot that learns to paint."}
-[ -f "$MODEL" ] || { echo "error: $MODEL: no such file (scripts/fetch-model.sh downloads the default model)" >&2; exit 1; }
+. scripts/side-by-side.sh
+need_model "$MODEL"
 [ -x /usr/bin/time ] || { echo "error: /usr/bin/time (GNU time) not found: apt-get install time" >&2; exit 1; }
 
-PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
+use_peer llama-completion
 LLAMA=$PEER_BIN/llama-completion
-[ -x "$LLAMA" ] || { echo "error: $LLAMA not found after building the peer" >&2; exit 1; }
-cargo build --release -q -p edge-run --bin edge-run >&2
-EDGE_RUN=${CARGO_TARGET_DIR:-target}/release/edge-run
+use_edge_run
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT

@@ -20,13 +20,11 @@ TOKENS=${TOKENS:-64}
 CTX=${CTX:-1024}
 SLOTS=4
 PORT=${PORT:-8377}
-[ -f "$MODEL" ] || { echo "error: $MODEL: no such file (scripts/fetch-model.sh downloads the default model)" >&2; exit 1; }
-
-PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
+. scripts/side-by-side.sh
+need_model "$MODEL"
+use_peer llama-server
 LLAMA_SERVER=$PEER_BIN/llama-server
-[ -x "$LLAMA_SERVER" ] || { echo "error: $LLAMA_SERVER not found after building the peer" >&2; exit 1; }
-cargo build --release -q -p edge-run --bin edge-run >&2
-EDGE_RUN=${CARGO_TARGET_DIR:-target}/release/edge-run
+use_edge_run
 
 OUT=$(mktemp -d)
 PID=
@@ -59,7 +57,7 @@ run() {
 
 for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS: llama-server -np $SLOTS" >&2
-  run llama "$LLAMA_SERVER" -m "$MODEL" -np "$SLOTS" -c $((CTX * SLOTS)) -t "$THREADS" --port "$PORT"
+  run llama env LD_LIBRARY_PATH="$PEER_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$LLAMA_SERVER" -m "$MODEL" -np "$SLOTS" -c $((CTX * SLOTS)) -t "$THREADS" --port "$PORT"
   echo "round $r/$ROUNDS: edge-run serve --slots $SLOTS" >&2
   run edge "$EDGE_RUN" serve "$MODEL" --slots "$SLOTS" -c "$CTX" -t "$THREADS" --port "$PORT"
 done
