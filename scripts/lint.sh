@@ -2,7 +2,8 @@
 # The static checks CI runs after the tests: formatting, clippy with warnings as errors on every
 # build the project has (x86-64, x86-64 with the CUDA backend, aarch64), and the layering rules
 # (scripts/check-layers.py: no import circles between source files, no source file over 800
-# lines outside the kernels, no command-line, logger or signal crate under a library crate).
+# lines outside the kernels, no command-line, logger or signal crate under a library crate), and
+# scripts/check-kernel-inline.py (every SIMD helper of the kernels `#[inline]`).
 # Needs what scripts/test.sh and scripts/test-aarch64.sh install (nvcc from PyPI, the aarch64
 # Rust target); installs them itself if they are missing.
 set -euo pipefail
@@ -18,3 +19,4 @@ fi
 # Lints only (no linking): the cross linker is not needed here.
 cargo clippy --workspace --all-targets --target aarch64-unknown-linux-gnu -- -D warnings
 python3 scripts/check-layers.py
+python3 scripts/check-kernel-inline.py

@@ -306,6 +306,7 @@ unsafe fn dot_q8_0_q8_0_xn_sign_impl<const N: usize>(
 
 /// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same
 /// flavour: returns the f32 `d` and the quants as i32 in 4 vectors of 8 (element order).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_block(x: &[f32], r: Q8Rounding) -> (f32, [__m256i; 4]) {
     debug_assert_eq!(x.len(), QK);
@@ -347,6 +348,7 @@ unsafe fn quantize_block(x: &[f32], r: Q8Rounding) -> (f32, [__m256i; 4]) {
 }
 
 /// Horizontal max of 8 non-negative, non-NaN f32 lanes.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hmax(v: __m256) -> f32 {
     let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -356,6 +358,7 @@ unsafe fn hmax(v: __m256) -> f32 {
 }
 
 /// Packs 32 i32 quants (4 vectors, element order, each in [-127, 127]) into 32 bytes.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_store(q: [__m256i; 4], out: &mut [i8; 32]) {
     // packs work per 128-bit lane: after both steps the 4-byte groups are in the order

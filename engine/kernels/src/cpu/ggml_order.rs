@@ -408,6 +408,7 @@ mod simd {
     ///
     /// # Safety
     /// The CPU has AVX2 (as every caller here checked).
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn lanes(lo: __m256, hi: __m256) -> [f32; LANES] {
         let mut out = [0.0f32; LANES];
@@ -472,6 +473,7 @@ mod simd {
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn expf8(x: __m256) -> __m256 {
         let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));

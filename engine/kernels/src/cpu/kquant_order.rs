@@ -153,6 +153,7 @@ pub(super) mod avx2 {
 
     /// 32 weight values and 32 activations (i8, element order) -> 8 i32 lanes, lane `i` the sum
     /// of the products of elements `4i .. 4i + 4`.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group_lanes(q: __m256i, y: __m256i) -> __m256i {
         let lo = _mm256_madd_epi16(
@@ -171,6 +172,7 @@ pub(super) mod avx2 {
     }
 
     /// Lanes 0..4 times `lo`, lanes 4..8 times `hi` (the two 16-element sub-blocks of a group).
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scaled(lanes: __m256i, lo: i32, hi: i32) -> __m256i {
         _mm256_mullo_epi32(
@@ -180,6 +182,7 @@ pub(super) mod avx2 {
     }
 
     /// 32 bytes.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load32<T>(b: &[T]) -> __m256i {
         assert!(std::mem::size_of_val(b) >= 32);

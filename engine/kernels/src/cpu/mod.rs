@@ -1061,7 +1061,10 @@ impl Kernels {
                 GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
                 GgmlType::Q5_K => rows_with!(avx2_quants::dot_q5_k_q8_k_xn),
                 // llama.cpp never repacks Q5_0 / Q5_1: any row count.
-                GgmlType::Q5_0 => rows_with!(avx2_quants::dot_q5_0_q8_0_xn),
+                GgmlType::Q5_0 => {
+                    let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));
+                    rows_with!(|t, w, x| avx2_quants::dot_q5_0_q8_0_xn_with(t, w, x, sign_ok))
+                }
                 GgmlType::Q5_1 => rows_with!(avx2_quants::dot_q5_1_q8_1_xn),
                 _ => {
                     let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));

@@ -322,6 +322,7 @@ unsafe fn dot_q8_0_q8_0_widen(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
 
 /// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same
 /// flavour: returns the f32 `d` and the quants as i32, 4 per vector, in element order.
+#[inline]
 #[target_feature(enable = "neon")]
 unsafe fn quantize_block(x: &[f32], r: Q8Rounding) -> (f32, [int32x4_t; 8]) {
     assert_eq!(x.len(), QK);
@@ -351,6 +352,7 @@ unsafe fn quantize_block(x: &[f32], r: Q8Rounding) -> (f32, [int32x4_t; 8]) {
 }
 
 /// Packs 32 i32 quants (saturating, as the scalar `as i8` cast saturates) into 32 bytes.
+#[inline]
 #[target_feature(enable = "neon")]
 unsafe fn pack_store(q: [int32x4_t; 8], out: &mut [i8; 32]) {
     let h0 = vqmovn_high_s32(vqmovn_s32(q[0]), q[1]);

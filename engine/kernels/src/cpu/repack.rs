@@ -179,6 +179,7 @@ pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
     /// Sum of the 8 i32 lanes (block dots are at most 32 * 128 * 128 in magnitude: no overflow).
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum_i32(v: __m256i) -> i32 {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -189,6 +190,7 @@ pub(super) mod avx2 {
 
     /// `sum (q - 8) * y` of one Q4_0 block: `maddubs(q, y) - maddubs(8, y)` (unsigned left
     /// operands, pair sums within i16 for every i8 activation, -128 included), then pairs to i32.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_0_block(q: __m256i, y: __m256i) -> i32 {
         let qy = _mm256_maddubs_epi16(q, y);
@@ -201,6 +203,7 @@ pub(super) mod avx2 {
 
     /// `sum table[q] * y` of one block whose indices are `q`: the table lookup with `pshufb`,
     /// then both sides widened to i16 and multiplied with `madd` (exact for all i8 values).
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn lut_block(table: __m256i, q: __m256i, y: __m256i) -> i32 {
         let v = _mm256_shuffle_epi8(table, q);
@@ -259,6 +262,7 @@ pub(super) mod avx2 {
     }
 
     /// 32 bytes.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load32<T>(b: &[T]) -> __m256i {
         assert!(std::mem::size_of_val(b) >= 32);
@@ -350,6 +354,7 @@ pub(super) mod avx2 {
     /// (integer adds, exact in any order).
     // Superseded by `q4_0_rows`; kept as the baseline its tests and benchmark compare with.
     #[cfg(test)]
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum_i32_x8(p: [__m256i; 8]) -> __m256i {
         let s01 = _mm256_hadd_epi32(p[0], p[1]);

@@ -6,6 +6,7 @@
 // Indexing mirrors ggml's block layout (several arrays addressed by one element index).
 #![allow(clippy::needless_range_loop)]
 
+use super::super::avx2::sign_trick_exact;
 use super::super::block::{blocks, f16_le_bytes};
 use super::super::q4_k::scale_min_k4;
 use super::super::x86::k4_scales_mins;
@@ -434,29 +435,54 @@ fn q5_0_kernels_equal_the_reference_bit_for_bit() {
         .flatten()
         .collect();
     let mut r = Rng::new(72);
+    let mut paths = [0usize; 2];
     for fill in FILLS {
         for nb in BLOCK_COUNTS {
             for _ in 0..8 {
                 let w = q5_0_row(&mut r, nb, fill);
-                let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_0_row(&mut r, nb, fill)).collect();
+                let mut xs: Vec<Vec<u8>> = (0..4).map(|_| q8_0_row(&mut r, nb, fill)).collect();
+                // Random rows nearly always hold a -128 quant somewhere (the exact products'
+                // path); the same rows without it take the `sign` path.
+                if matches!(fill, Fill::Random) {
+                    let mut clean = xs.clone();
+                    for row in &mut clean {
+                        for b in row.chunks_mut(34) {
+                            b[2..]
+                                .iter_mut()
+                                .filter(|q| **q == 0x80)
+                                .for_each(|q| *q = 0x81);
+                        }
+                    }
+                    xs.extend(clean);
+                }
                 let wb: &[BlockQ5_0] = blocks(&w);
-                let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
-                let want = xb.map(|x| reference_q5_0(wb, x));
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                for &t in &tokens {
-                    let a = t.avx512();
-                    let one = xb.map(|x| dot_q5_0_q8_0(t, wb, x));
-                    let one_n = xb.map(|x| dot_q5_0_q8_0_xn(t, wb, [x])[0]);
-                    let four = dot_q5_0_q8_0_xn(t, wb, xb);
-                    let two = dot_q5_0_q8_0_xn(t, wb, [xb[0], xb[1]]);
-                    assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb} {a}");
-                    assert_eq!(bits(&one_n), bits(&want), "xn::<1> {fill:?} nb={nb} {a}");
-                    assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb} {a}");
-                    assert_eq!(bits(&two), bits(&want[..2]), "xn::<2> {fill:?} nb={nb} {a}");
+                for xs in xs.chunks_exact(4) {
+                    let xb: [&[BlockQ8_0]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                    let want = xb.map(|x| reference_q5_0(wb, x));
+                    let sign_ok = xb.iter().all(|x| sign_trick_exact(token().unwrap(), x));
+                    paths[usize::from(sign_ok)] += 1;
+                    for &t in &tokens {
+                        let a = (t.avx512(), sign_ok);
+                        let one = xb.map(|x| dot_q5_0_q8_0(t, wb, x));
+                        let one_n = xb.map(|x| dot_q5_0_q8_0_xn(t, wb, [x])[0]);
+                        let four = dot_q5_0_q8_0_xn(t, wb, xb);
+                        let three = dot_q5_0_q8_0_xn(t, wb, [xb[0], xb[1], xb[2]]);
+                        let exact4 = dot_q5_0_q8_0_xn_with(t, wb, xb, false);
+                        assert_eq!(bits(&one), bits(&want), "one token {fill:?} nb={nb} {a:?}");
+                        assert_eq!(bits(&one_n), bits(&want), "xn::<1> {fill:?} nb={nb} {a:?}");
+                        assert_eq!(bits(&four), bits(&want), "xn::<4> {fill:?} nb={nb} {a:?}");
+                        assert_eq!(bits(&three), bits(&want[..3]), "xn::<3> {fill:?} nb={nb}");
+                        assert_eq!(bits(&exact4), bits(&want), "exact xn {fill:?} nb={nb}");
+                    }
                 }
             }
         }
     }
+    assert!(
+        paths[0] > 50 && paths[1] > 50,
+        "both product paths tested: {paths:?}"
+    );
 }
 
 #[test]
