@@ -99,6 +99,20 @@ fn q3_k_body(w: &[BlockQ3_K], x: &[BlockQ8_K]) -> f32 {
     hsum8(&acc)
 }
 
+/// ggml's `mul_add_epi8` product of a weight value `q` and an activation `y`:
+/// `|q| * sign(y, q)`, the sign flip wrapping in i8 as `_mm256_sign_epi8` does. It equals
+/// `q * y` except for `y = -128` with `q < 0` (then `|q| * -128`), which a Q8_K quantizer never
+/// writes (its quants are at most 127 in magnitude); this keeps hand-made rows bit-identical too.
+#[inline(always)]
+fn sign_product(q: i8, y: i8) -> i32 {
+    let sy = match q {
+        0 => 0,
+        q if q < 0 => y.wrapping_neg(),
+        _ => y,
+    };
+    i32::from(q.unsigned_abs()) * i32::from(sy)
+}
+
 #[inline(always)]
 fn iq4_xs_body(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -112,8 +126,12 @@ fn iq4_xs_body(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
                 q[j] = KVALUES_IQ4NL[usize::from(qs[j] & 0x0F)];
                 q[j + 16] = KVALUES_IQ4NL[usize::from(qs[j] >> 4)];
             }
+            let y = &bx.qs[32 * k..32 * k + 32];
             let ls = bw.scale(k);
-            group_lanes(&mut lanes, &q, &bx.qs[32 * k..32 * k + 32], ls, ls);
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                let s: i32 = (4 * i..4 * i + 4).map(|e| sign_product(q[e], y[e])).sum();
+                *lane += ls * s;
+            }
         }
         for (a, l) in acc.iter_mut().zip(lanes) {
             *a = d.mul_add(l as f32, *a);
@@ -141,8 +159,9 @@ pub(super) fn dot_iq4_xs_q8_k(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
 }
 
 /// The same orders with AVX2 intrinsics, bit-identical to the portable functions: the lanes'
-/// integer sums are exact either way (the products are widened to i16 and summed with `madd`,
-/// exact for every i8 value, -128 included), the float operations are the same.
+/// integer sums are exact either way (Q2_K / Q3_K widen the products to i16 and sum them with
+/// `madd`, exact for every i8 value, -128 included; IQ4_XS takes ggml's `sign` / `maddubs`
+/// products, which the portable [`sign_product`] spells out), the float operations are the same.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     // The enclosing file by its absolute path: `scripts/check-layers.py` resolves paths per file
@@ -250,27 +269,100 @@ pub(super) mod avx2 {
         hsum(acc)
     }
 
+    /// Sub-block `k` of an IQ4_XS block as 32 signed values (the table entries of the low
+    /// nibbles, then of the high ones).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_values(table: __m128i, bw: &BlockIq4Xs, k: usize) -> __m256i {
+        assert!(k < QK_K / 32);
+        let m4 = _mm_set1_epi8(15);
+        // SAFETY: 16 readable bytes at qs[16k] (k < 8, qs has 128); loadu has no alignment
+        // requirement.
+        let qs = unsafe { _mm_loadu_si128(bw.qs.as_ptr().add(16 * k).cast()) };
+        let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
+        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// The eight sub-block scales, unbiased, as i16 `madd` multipliers.
+    #[inline(always)]
+    fn iq4_xs_scales(bw: &BlockIq4Xs) -> [i16; QK_K / 32] {
+        // -32..=31: fits i16.
+        std::array::from_fn(|k| bw.scale(k) as i16)
+    }
+
+    /// ggml's `mul_add_epi8` then `madd` with the sub-block scale: lane `i` the scale times
+    /// the [`sign_product`]s of elements `4i .. 4i + 4`. `abs_q` is `sign(q, q)`. Exact: a
+    /// `maddubs` pair is at most 2 * 127 * 128 in magnitude (IQ4_NL's values are -127..=113),
+    /// no i16 saturation.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_lanes(abs_q: __m256i, q: __m256i, y: __m256i, ls: i16) -> __m256i {
+        let p = _mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(y, q));
+        _mm256_madd_epi16(p, _mm256_set1_epi16(ls))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs_impl(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
         // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
         let table = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
-        let m4 = _mm_set1_epi8(15);
         let mut acc = _mm256_setzero_ps();
         for (bw, bx) in w.iter().zip(x) {
-            let d = f16_le(bw.d) * bx.d();
-            let mut lanes = _mm256_setzero_si256();
-            for k in 0..QK_K / 32 {
-                // SAFETY: 16 readable bytes at qs[16k] (k < 8, qs has 128).
-                let qs = unsafe { _mm_loadu_si128(bw.qs[16 * k..16 * k + 16].as_ptr().cast()) };
-                let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
-                let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
-                let p = group_lanes(_mm256_set_m128i(hi, lo), load32(&bx.qs[32 * k..]));
-                let ls = bw.scale(k);
-                lanes = _mm256_add_epi32(lanes, scaled(p, ls, ls));
+            // Decode streams the weights once: the lines of the block 16 blocks ahead, as the
+            // other one-row k-quant kernels do. A prefetch never faults, whatever the address.
+            let ahead = (bw as *const BlockIq4Xs).cast::<u8>().wrapping_add(16 * 136);
+            for line in 0..3 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+            let d = f16_le(bw.d) * bx.d();
+            let ls = iq4_xs_scales(bw);
+            // Two integer sums (independent chains); integer addition is exact in any order.
+            let mut lanes = [_mm256_setzero_si256(); 2];
+            for k in 0..QK_K / 32 {
+                let q = iq4_xs_values(table, bw, k);
+                let p = iq4_xs_lanes(_mm256_sign_epi8(q, q), q, load32(&bx.qs[32 * k..]), ls[k]);
+                lanes[k % 2] = _mm256_add_epi32(lanes[k % 2], p);
+            }
+            let sum = _mm256_add_epi32(lanes[0], lanes[1]);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
         }
         hsum(acc)
+    }
+
+    /// [`iq4_xs_impl`] of one weight row with `N` activation rows: each sub-block's values,
+    /// their magnitudes and scale are unpacked once for all tokens; every token's lanes and f32
+    /// operations are the one-row kernel's.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_xn_impl<const N: usize>(
+        w: &[BlockIq4Xs],
+        x: [&[BlockQ8_K]; N],
+    ) -> [f32; N] {
+        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
+        let table = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (i, bw) in w.iter().enumerate() {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+            let ls = iq4_xs_scales(bw);
+            let mut lanes = [_mm256_setzero_si256(); N];
+            for k in 0..QK_K / 32 {
+                let q = iq4_xs_values(table, bw, k);
+                let abs_q = _mm256_sign_epi8(q, q);
+                for t in 0..N {
+                    let p = iq4_xs_lanes(abs_q, q, load32(&bx[t].qs[32 * k..]), ls[k]);
+                    lanes[t] = _mm256_add_epi32(lanes[t], p);
+                }
+            }
+            let dw = f16_le(bw.d);
+            for (t, lanes) in lanes.into_iter().enumerate() {
+                let d = dw * bx[t].d();
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
+            }
+        }
+        acc.map(|a| hsum(a))
     }
 
     // SAFETY (all wrappers): a `Token` exists only after `Token::detect` confirmed AVX2, FMA
@@ -295,6 +387,21 @@ pub(super) mod avx2 {
         debug_assert_eq!(w.len(), x.len());
         // SAFETY: see above.
         unsafe { iq4_xs_impl(w, x) }
+    }
+
+    /// [`dot_iq4_xs_q8_k`] of one weight row with `N` activation rows at once (bit-identical
+    /// to `N` calls).
+    ///
+    /// # Panics
+    /// If an activation row is shorter than `w`.
+    pub(crate) fn dot_iq4_xs_q8_k_xn<const N: usize>(
+        _: Token,
+        w: &[BlockIq4Xs],
+        x: [&[BlockQ8_K]; N],
+    ) -> [f32; N] {
+        assert!(x.iter().all(|x| x.len() >= w.len()), "activation row too short");
+        // SAFETY: see above; the rows are long enough (asserted).
+        unsafe { iq4_xs_xn_impl(w, x) }
     }
 }
 
@@ -333,12 +440,16 @@ mod tests {
                 let got_q3 = dot_q3_k_q8_k(blocks(&q3), blocks(&x));
                 let got_iq = dot_iq4_xs_q8_k(blocks(&iq), blocks(&x));
                 if !extreme {
-                    for (ty, w, got) in [
-                        (T::Q2_K, &q2, got_q2),
-                        (T::Q3_K, &q3, got_q3),
-                        (T::IQ4_XS, &iq, got_iq),
+                    // IQ4_XS takes ggml's sign products, exact where no activation is -128 (a
+                    // quantizer never writes it): that row has -127 in its place.
+                    let clean = without_min_quants(&x);
+                    let got_iq_clean = dot_iq4_xs_q8_k(blocks(&iq), blocks(&clean));
+                    for (ty, w, x, got) in [
+                        (T::Q2_K, &q2, &x, got_q2),
+                        (T::Q3_K, &q3, &x, got_q3),
+                        (T::IQ4_XS, &iq, &clean, got_iq_clean),
                     ] {
-                        let (want, mag) = exact(ty, w, T::Q8_K, &x, nb * QK_K);
+                        let (want, mag) = exact(ty, w, T::Q8_K, x, nb * QK_K);
                         assert!((f64::from(got) - want).abs() <= 1e-6 * mag, "{ty} {nb}");
                     }
                 }
@@ -376,6 +487,65 @@ mod tests {
                         k.vec_dot(T::IQ4_XS, nb * QK_K, &iq, &x).to_bits(),
                         b.to_bits()
                     );
+                }
+            }
+        }
+    }
+
+    /// A Q8_K row with every quant -128 changed to -127 (the sums are not read by IQ4_XS).
+    fn without_min_quants(x: &[u8]) -> Vec<u8> {
+        let mut x = x.to_vec();
+        for b in x.chunks_exact_mut(292) {
+            b[4..260].iter_mut().filter(|v| **v == 0x80).for_each(|v| *v = 0x81);
+        }
+        x
+    }
+
+    /// The N-token IQ4_XS kernel equals N one-token dots bit for bit (1 to 4 tokens, odd block
+    /// counts, -128 activations and extreme scales), and `matvec_tokens` takes it.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn iq4_xs_tokens_equal_one_token_bit_for_bit() {
+        let Some(t) = super::super::x86::Token::detect() else {
+            return;
+        };
+        let mut r = Rng::new(19);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for nb in [1usize, 2, 5] {
+            for extreme in [false, true] {
+                let rows = 5;
+                let iq = random_blocks(&mut r, rows * nb, 136, |r, b| {
+                    b[..2].copy_from_slice(&scale(r, extreme))
+                });
+                let xs: Vec<Vec<u8>> = (0..4).map(|_| q8_k_row(&mut r, nb, extreme)).collect();
+                let xb: [&[BlockQ8_K]; 4] = std::array::from_fn(|k| blocks(&xs[k]));
+                let rb = 136 * nb;
+                for row in iq.chunks_exact(rb) {
+                    let w = blocks(row);
+                    let want = xb.map(|x| dot_iq4_xs_q8_k(w, x));
+                    let one = xb.map(|x| avx2::dot_iq4_xs_q8_k(t, w, x));
+                    assert_eq!(bits(&one), bits(&want), "one token nb={nb} {extreme}");
+                    let four = avx2::dot_iq4_xs_q8_k_xn(t, w, xb);
+                    let three = avx2::dot_iq4_xs_q8_k_xn(t, w, [xb[0], xb[1], xb[2]]);
+                    let two = avx2::dot_iq4_xs_q8_k_xn(t, w, [xb[2], xb[3]]);
+                    let single = avx2::dot_iq4_xs_q8_k_xn(t, w, [xb[1]]);
+                    assert_eq!(bits(&four), bits(&want), "xn::<4> nb={nb} {extreme}");
+                    assert_eq!(bits(&three), bits(&want[..3]), "xn::<3> nb={nb}");
+                    assert_eq!(bits(&two), bits(&want[2..]), "xn::<2> nb={nb}");
+                    assert_eq!(bits(&single), bits(&want[1..2]), "xn::<1> nb={nb}");
+                }
+                let k = super::super::Kernels::avx2().unwrap();
+                let mut got = vec![vec![f32::NAN; rows]; 4];
+                let [a, b, c, d] = &mut got[..] else {
+                    unreachable!()
+                };
+                let x4: [&[u8]; 4] = std::array::from_fn(|k| &xs[k][..]);
+                assert!(k.matvec_tokens(T::IQ4_XS, nb * QK_K, &iq, x4, 0..rows, [a, b, c, d]));
+                for (tok, x) in xs.iter().enumerate() {
+                    for (i, row) in iq.chunks_exact(rb).enumerate() {
+                        let want = dot_iq4_xs_q8_k(blocks(row), blocks(x));
+                        assert_eq!(got[tok][i].to_bits(), want.to_bits(), "matvec_tokens");
+                    }
                 }
             }
         }

@@ -1008,6 +1008,7 @@ impl Kernels {
                     | GgmlType::Q6_K
                     | GgmlType::Q5_0
                     | GgmlType::Q5_1
+                    | GgmlType::IQ4_XS
             ) || (w_ty == GgmlType::IQ4_NL && repacked))
             {
                 return false;
@@ -1066,6 +1067,8 @@ impl Kernels {
                     rows_with!(|t, w, x| avx2_quants::dot_q5_0_q8_0_xn_with(t, w, x, sign_ok))
                 }
                 GgmlType::Q5_1 => rows_with!(avx2_quants::dot_q5_1_q8_1_xn),
+                // llama.cpp never repacks IQ4_XS on x86.
+                GgmlType::IQ4_XS => rows_with!(kquant_order::avx2::dot_iq4_xs_q8_k_xn),
                 _ => {
                     let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));
                     rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn(t, w, x, sign_ok))
