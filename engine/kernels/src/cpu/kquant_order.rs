@@ -170,34 +170,16 @@ pub(super) mod avx2 {
     use crate::cpu::x86::{hsum, Token};
     use std::arch::x86_64::*;
 
-    /// 32 weight values and 32 activations (i8, element order) -> 8 i32 lanes, lane `i` the sum
-    /// of the products of elements `4i .. 4i + 4`.
+    /// 16 i16 pair sums of a 32-element group (`maddubs` order: pair `j` = elements `2j, 2j + 1`)
+    /// -> 8 i32 lanes, lane `i` the sum of elements `4i .. 4i + 4` times `lo` for `i < 4` (the
+    /// first 16-element sub-block) and `hi` after: one `madd`. Exact: the scales are 6-bit
+    /// (Q3_K, biased) or 4-bit (Q2_K), the pairs at most 2 * 7 * 128 in magnitude.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group_lanes(q: __m256i, y: __m256i) -> __m256i {
-        let lo = _mm256_madd_epi16(
-            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
-            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y)),
-        );
-        let hi = _mm256_madd_epi16(
-            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
-            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y, 1)),
-        );
-        // hadd gives [L0 L1 L4 L5 | L2 L3 L6 L7]; the permute puts them in order.
-        _mm256_permutevar8x32_epi32(
-            _mm256_hadd_epi32(lo, hi),
-            _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
-        )
-    }
-
-    /// Lanes 0..4 times `lo`, lanes 4..8 times `hi` (the two 16-element sub-blocks of a group).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scaled(lanes: __m256i, lo: i32, hi: i32) -> __m256i {
-        _mm256_mullo_epi32(
-            lanes,
-            _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo)),
-        )
+    unsafe fn scaled_pairs(pairs: __m256i, lo: i32, hi: i32) -> __m256i {
+        // Both scales fit i16 (|scale| <= 32).
+        let sc = _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16));
+        _mm256_madd_epi16(pairs, sc)
     }
 
     /// 32 bytes.
@@ -229,9 +211,10 @@ pub(super) mod avx2 {
                     let g = 4 * j + k;
                     let shift = _mm_cvtsi32_si128(2 * k as i32);
                     let q = _mm256_and_si256(_mm256_srl_epi16(q2, shift), m3);
-                    let p = group_lanes(q, load32(&bx.qs[32 * g..]));
                     let (lo, hi) = (bw.scales[2 * g] & 0x0F, bw.scales[2 * g + 1] & 0x0F);
-                    lanes = _mm256_add_epi32(lanes, scaled(p, lo.into(), hi.into()));
+                    // Unsigned quants 0..3: `maddubs` pairs at most 2 * 3 * 128, exact.
+                    let p = _mm256_maddubs_epi16(q, load32(&bx.qs[32 * g..]));
+                    lanes = _mm256_add_epi32(lanes, scaled_pairs(p, lo.into(), hi.into()));
                 }
             }
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
@@ -255,13 +238,17 @@ pub(super) mod avx2 {
                     let g = 4 * j + k;
                     let shift = _mm_cvtsi32_si128(2 * k as i32);
                     let low = _mm256_and_si256(_mm256_srl_epi16(q3, shift), m3);
-                    // A clear high bit subtracts 4.
+                    // A clear high bit subtracts 4: `low * y - 4 * y` where it is clear, two
+                    // `maddubs` of unsigned operands (pairs at most 2 * 4 * 128, exact).
                     let bit = _mm256_set1_epi8((1u8 << g) as i8);
                     let clear =
                         _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
-                    let q = _mm256_sub_epi8(low, _mm256_and_si256(clear, four));
-                    let p = group_lanes(q, load32(&bx.qs[32 * g..]));
-                    lanes = _mm256_add_epi32(lanes, scaled(p, sc[2 * g], sc[2 * g + 1]));
+                    let y = load32(&bx.qs[32 * g..]);
+                    let p = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(low, y),
+                        _mm256_maddubs_epi16(_mm256_and_si256(clear, four), y),
+                    );
+                    lanes = _mm256_add_epi32(lanes, scaled_pairs(p, sc[2 * g], sc[2 * g + 1]));
                 }
             }
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
@@ -310,7 +297,9 @@ pub(super) mod avx2 {
         for (bw, bx) in w.iter().zip(x) {
             // Decode streams the weights once: the lines of the block 16 blocks ahead, as the
             // other one-row k-quant kernels do. A prefetch never faults, whatever the address.
-            let ahead = (bw as *const BlockIq4Xs).cast::<u8>().wrapping_add(16 * 136);
+            let ahead = (bw as *const BlockIq4Xs)
+                .cast::<u8>()
+                .wrapping_add(16 * 136);
             for line in 0..3 {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
             }
@@ -336,10 +325,7 @@ pub(super) mod avx2 {
     /// # Safety
     /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_xs_xn_impl<const N: usize>(
-        w: &[BlockIq4Xs],
-        x: [&[BlockQ8_K]; N],
-    ) -> [f32; N] {
+    unsafe fn iq4_xs_xn_impl<const N: usize>(w: &[BlockIq4Xs], x: [&[BlockQ8_K]; N]) -> [f32; N] {
         // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
         let table = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
         let mut acc = [_mm256_setzero_ps(); N];
@@ -399,7 +385,10 @@ pub(super) mod avx2 {
         w: &[BlockIq4Xs],
         x: [&[BlockQ8_K]; N],
     ) -> [f32; N] {
-        assert!(x.iter().all(|x| x.len() >= w.len()), "activation row too short");
+        assert!(
+            x.iter().all(|x| x.len() >= w.len()),
+            "activation row too short"
+        );
         // SAFETY: see above; the rows are long enough (asserted).
         unsafe { iq4_xs_xn_impl(w, x) }
     }
@@ -496,7 +485,10 @@ mod tests {
     fn without_min_quants(x: &[u8]) -> Vec<u8> {
         let mut x = x.to_vec();
         for b in x.chunks_exact_mut(292) {
-            b[4..260].iter_mut().filter(|v| **v == 0x80).for_each(|v| *v = 0x81);
+            b[4..260]
+                .iter_mut()
+                .filter(|v| **v == 0x80)
+                .for_each(|v| *v = 0x81);
         }
         x
     }
