@@ -304,6 +304,80 @@ unsafe fn dot_q8_0_q8_0_xn_sign_impl<const N: usize>(
     out
 }
 
+/// [`dot_q8_0_q8_0_xn_sign_impl`] with the tokens' activation scales already converted, block
+/// by block (`dx[i][t]`, from [`q8_0_token_scales`]): a matrix call forms them once for all its
+/// rows instead of gathering and converting them per row and block. Same f32 products
+/// `d_w * d_x` (an f16 to f32 conversion is exact either way), same bits.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` and `dx` have at least `w.len()` blocks;
+/// `N <= 4`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_xn_scaled_impl<const N: usize>(
+    w: &[BlockQ8_0],
+    x: [&[BlockQ8_0]; N],
+    dx: &[[f32; 4]],
+) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let lanes: [__m256i; N] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
+    for (i, bw) in w.iter().enumerate() {
+        let a8 = load_q8(&bw.qs);
+        let a_abs = _mm256_abs_epi8(a8);
+        // SAFETY: i < w.len() <= dx.len() (caller); 4 readable f32; loadu needs no alignment.
+        let xd4 = unsafe { _mm_loadu_ps(dx.get_unchecked(i).as_ptr()) };
+        let dw = _mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bw.d)));
+        // Lanes 0..4 hold the products; the permute below reads only lanes t < N <= 4.
+        let p = _mm256_castps128_ps256(_mm_mul_ps(dw, xd4));
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let prod = q8_0_lanes_signed(a_abs, a8, load_q8(&bx.qs));
+            let d = _mm256_permutevar8x32_ps(p, lanes[t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; N];
+    for t in 0..N {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
+/// The `N` (at most 4) activation rows' block scales as f32, `out[i][t]` = scale of block `i`
+/// of row `t` (lanes `N..4` zero), for [`dot_q8_0_q8_0_xn_scaled`].
+///
+/// # Panics
+/// If a row has fewer than `out.len()` blocks, or `N > 4`.
+pub(super) fn q8_0_token_scales<const N: usize>(x: [&[BlockQ8_0]; N], out: &mut [[f32; 4]]) {
+    const { assert!(N <= 4) };
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = [0.0; 4];
+        for t in 0..N {
+            o[t] = super::block::f16_le(x[t][i].d);
+        }
+    }
+}
+
+/// [`dot_q8_0_q8_0_xn`] where no activation quant is -128 ([`sign_trick_exact`] of every
+/// row), with the rows' scales from [`q8_0_token_scales`]. Bit-identical to it.
+///
+/// # Panics
+/// If an activation row or `dx` is shorter than `w`.
+pub(super) fn dot_q8_0_q8_0_xn_scaled<const N: usize>(
+    _: Token,
+    w: &[BlockQ8_0],
+    x: [&[BlockQ8_0]; N],
+    dx: &[[f32; 4]],
+) -> [f32; N] {
+    const { assert!(N <= 4) };
+    assert!(
+        dx.len() >= w.len() && x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { dot_q8_0_q8_0_xn_scaled_impl(w, x, dx) }
+}
+
 /// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same
 /// flavour: returns the f32 `d` and the quants as i32 in 4 vectors of 8 (element order).
 #[inline]

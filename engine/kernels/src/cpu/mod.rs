@@ -1071,7 +1071,27 @@ impl Kernels {
                 GgmlType::IQ4_XS => rows_with!(kquant_order::avx2::dot_iq4_xs_q8_k_xn),
                 _ => {
                     let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));
-                    rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn(t, w, x, sign_ok))
+                    // The tokens' block scales converted once for all rows, on the stack
+                    // (sized to the row: zeroing a large buffer per 16-row chunk would cost
+                    // more than it saves on narrow matrices).
+                    let nb = xb / std::mem::size_of::<BlockQ8_0>();
+                    macro_rules! scaled {
+                        ($cap:literal) => {{
+                            let mut dx = [[0f32; 4]; $cap];
+                            avx2::q8_0_token_scales(x.map(blocks), &mut dx[..nb]);
+                            let dx = &dx[..nb];
+                            rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn_scaled(t, w, x, dx))
+                        }};
+                    }
+                    match nb {
+                        _ if !sign_ok || N > 4 => {
+                            rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn(t, w, x, sign_ok))
+                        }
+                        0..=32 => scaled!(32),
+                        33..=128 => scaled!(128),
+                        129..=512 => scaled!(512),
+                        _ => rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn(t, w, x, sign_ok)),
+                    }
                 }
             }
             return true;
