@@ -174,6 +174,40 @@ unsafe fn dot_q5_0_q8_0_xn_sign_impl<const N: usize>(
     acc.map(|a| hsum(a))
 }
 
+/// [`dot_q5_0_q8_0_xn_sign_impl`] with the tokens' block scales already converted (`dx[i][t]`,
+/// from `avx2::q8_0_token_scales`), as `avx2::dot_q8_0_q8_0_xn_scaled`: same bits.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` and `dx` have at least `w.len()` blocks;
+/// `N <= 4`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_q8_0_xn_scaled_impl<const N: usize>(
+    w: &[BlockQ5_0],
+    x: [&[BlockQ8_0]; N],
+    dx: &[[f32; 4]],
+) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let lanes: [__m256i; N] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
+    let sixteen = _mm256_set1_epi8(16);
+    for (i, bw) in w.iter().enumerate() {
+        let s = _mm256_sub_epi8(q5_quants(&bw.qh, &bw.qs), sixteen);
+        let s_abs = _mm256_abs_epi8(s);
+        // SAFETY: i < w.len() <= dx.len() (caller); 4 readable f32; loadu needs no alignment.
+        let xd4 = unsafe { _mm_loadu_ps(dx.get_unchecked(i).as_ptr()) };
+        let dw = _mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bw.d)));
+        // Lanes 0..4 hold the products; the permute below reads only lanes t < N <= 4.
+        let p = _mm256_castps128_ps256(_mm_mul_ps(dw, xd4));
+        for t in 0..N {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let prod = q5_0_lanes_signed(s_abs, s, load_q8(&bx.qs));
+            let d = _mm256_permutevar8x32_ps(p, lanes[t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    acc.map(|a| hsum(a))
+}
+
 /// Q5_1 . Q8_1 as ggml's AVX2 `ggml_vec_dot_q5_1_q8_1`: lanes as Q5_0 (no offset) with
 /// `fma(d_w * d_x, lane, acc)`, and the `m_w * s_x` products summed in one f32 in block order,
 /// added after the lanes' `hsum`.
@@ -650,6 +684,30 @@ pub(super) fn dot_q5_0_q8_0_xn<const N: usize>(
         .iter()
         .all(|x| super::avx2::sign_trick_exact(t, &x[..w.len().min(x.len())]));
     dot_q5_0_q8_0_xn_with(t, w, x, sign_ok)
+}
+
+/// [`dot_q5_0_q8_0_xn_with`] where no activation quant is -128, with the rows' block scales
+/// from `avx2::q8_0_token_scales` (the AVX-512 4-token kernel still wins where it exists).
+/// Bit-identical to it.
+///
+/// # Panics
+/// If an activation row or `dx` is shorter than `w`.
+pub(super) fn dot_q5_0_q8_0_xn_scaled<const N: usize>(
+    t: Token,
+    w: &[BlockQ5_0],
+    x: [&[BlockQ8_0]; N],
+    dx: &[[f32; 4]],
+) -> [f32; N] {
+    const { assert!(N <= 4) };
+    if N == 4 && t.avx512() {
+        return dot_q5_0_q8_0_xn_with(t, w, x, true);
+    }
+    assert!(
+        dx.len() >= w.len() && x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { dot_q5_0_q8_0_xn_scaled_impl(w, x, dx) }
 }
 
 /// [`dot_q5_0_q8_0_xn`] where the caller has checked the activation rows once for many weight

@@ -1061,35 +1061,39 @@ impl Kernels {
                 // llama.cpp never repacks Q6_K on x86: any row count.
                 GgmlType::Q6_K => rows_with!(avx2_quants::dot_q6_k_q8_k_xn),
                 GgmlType::Q5_K => rows_with!(avx2_quants::dot_q5_k_q8_k_xn),
-                // llama.cpp never repacks Q5_0 / Q5_1: any row count.
-                GgmlType::Q5_0 => {
-                    let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));
-                    rows_with!(|t, w, x| avx2_quants::dot_q5_0_q8_0_xn_with(t, w, x, sign_ok))
-                }
+                // llama.cpp never repacks Q5_1: any row count.
                 GgmlType::Q5_1 => rows_with!(avx2_quants::dot_q5_1_q8_1_xn),
                 // llama.cpp never repacks IQ4_XS on x86.
                 GgmlType::IQ4_XS => rows_with!(kquant_order::avx2::dot_iq4_xs_q8_k_xn),
+                // Q8_0, and Q5_0 (never repacked by llama.cpp: any row count).
                 _ => {
                     let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));
                     // The tokens' block scales converted once for all rows, on the stack
                     // (sized to the row: zeroing a large buffer per 16-row chunk would cost
                     // more than it saves on narrow matrices).
                     let nb = xb / std::mem::size_of::<BlockQ8_0>();
+                    let q5 = w_ty == GgmlType::Q5_0;
                     macro_rules! scaled {
                         ($cap:literal) => {{
                             let mut dx = [[0f32; 4]; $cap];
                             avx2::q8_0_token_scales(x.map(blocks), &mut dx[..nb]);
                             let dx = &dx[..nb];
-                            rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn_scaled(t, w, x, dx))
+                            if q5 {
+                                rows_with!(|t, w, x| avx2_quants::dot_q5_0_q8_0_xn_scaled(
+                                    t, w, x, dx
+                                ))
+                            } else {
+                                rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn_scaled(t, w, x, dx))
+                            }
                         }};
                     }
                     match nb {
-                        _ if !sign_ok || N > 4 => {
-                            rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn(t, w, x, sign_ok))
-                        }
-                        0..=32 => scaled!(32),
-                        33..=128 => scaled!(128),
-                        129..=512 => scaled!(512),
+                        0..=32 if sign_ok && N <= 4 => scaled!(32),
+                        33..=128 if sign_ok && N <= 4 => scaled!(128),
+                        129..=512 if sign_ok && N <= 4 => scaled!(512),
+                        _ if q5 => rows_with!(|t, w, x| avx2_quants::dot_q5_0_q8_0_xn_with(
+                            t, w, x, sign_ok
+                        )),
                         _ => rows_with!(|t, w, x| avx2::dot_q8_0_q8_0_xn(t, w, x, sign_ok)),
                     }
                 }

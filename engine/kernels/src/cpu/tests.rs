@@ -198,13 +198,16 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q8_0,
+            GgmlType::Q5_0,
             GgmlType::F16,
         ] {
             // Up to 8192: the Q8_0 kernels keep the tokens' scales in buffers sized 32, 128
             // and 512 blocks.
             for n in [32usize, 96, 576, 2048, 8192] {
                 let rows = 7;
-                let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+                let w: Vec<u8> = (0..rows)
+                    .flat_map(|_| any_weight_row(&mut r, ty, n))
+                    .collect();
                 let xt = ty.vec_dot_type();
                 let xs: Vec<Vec<u8>> = (0..MATVEC_TOKENS)
                     .map(|_| {
