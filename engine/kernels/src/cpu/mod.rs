@@ -1087,10 +1087,12 @@ impl Kernels {
                             }
                         }};
                     }
-                    match nb {
-                        0..=32 if sign_ok && N <= 4 => scaled!(32),
-                        33..=128 if sign_ok && N <= 4 => scaled!(128),
-                        129..=512 if sign_ok && N <= 4 => scaled!(512),
+                    // N is at most MATVEC_TOKENS here (checked on entry), as the scaled
+                    // kernels require.
+                    match (sign_ok, nb) {
+                        (true, 0..=32) => scaled!(32),
+                        (true, 33..=128) => scaled!(128),
+                        (true, 129..=512) => scaled!(512),
                         _ if q5 => rows_with!(|t, w, x| avx2_quants::dot_q5_0_q8_0_xn_with(
                             t, w, x, sign_ok
                         )),
