@@ -150,7 +150,7 @@ impl EmbedPlan {
                 ));
             }
         };
-        let scratch_bytes = scratch_bytes_per_thread(max_tokens, p.head_dim)
+        let scratch_bytes = scratch_bytes_per_thread(max_tokens, p.head_dim, 1)
             .checked_next_multiple_of(ALIGN)
             .and_then(|b| b.checked_mul(threads))
             .ok_or_else(|| {
@@ -263,6 +263,7 @@ impl Embedder {
             plan.threads,
             plan.max_tokens,
             p.head_dim,
+            1,
             false,
             Kernels::detect(),
         )

@@ -122,6 +122,8 @@ pub struct Shape {
     pub threads: usize,
     /// Query heads.
     pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
     /// Elements per head.
     pub head_dim: usize,
     /// Tiled attention.

@@ -196,6 +196,7 @@ impl SessionPlan {
             ubatch,
             threads,
             n_head: p.n_head,
+            n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
             flash_attn,
         };

@@ -192,6 +192,106 @@ pub fn axpy_f16_rows(
     }
 }
 
+/// [`dot_f16_rows`] in tinyBLAS order (`batch`) for several query heads that read the same
+/// rows, the heads of one grouped-query KV head: `q` holds the heads' queries of `n` values
+/// each, and `out[h * out_stride + i]` becomes the dot of head h's query with
+/// `rows[i * stride + off..][..n]` for `i < len`. Each score has the bits of one
+/// [`dot_f16_rows`] call per head; the SIMD path widens each row from f16 once for all heads,
+/// which is most of a one-head pass's work on CPUs with a slow `vcvtph2ps`.
+///
+/// # Panics
+/// If `q` is not whole heads of `n`, `out` is too short for its heads, or `rows` too short.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn dot_f16_rows_heads(
+    rows: &[f16],
+    stride: usize,
+    off: usize,
+    q: &[f32],
+    n: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    len: usize,
+) {
+    let heads = q.len().checked_div(n).unwrap_or(0);
+    assert_eq!(heads * n, q.len(), "queries not whole heads");
+    if heads == 0 || len == 0 {
+        return;
+    }
+    assert!(len <= out_stride || heads == 1, "score rows overlap");
+    assert!(
+        out.len() >= (heads - 1) * out_stride + len,
+        "scores too short"
+    );
+    assert!(rows.len() >= (len - 1) * stride + off + n, "rows too short");
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() && n.is_multiple_of(LANES) {
+        // SAFETY: AVX2, FMA and F16C are present (checked); lengths checked above.
+        return unsafe { simd::dot_f16_rows_heads(rows, stride, off, q, n, out, out_stride, len) };
+    }
+    for h in 0..heads {
+        let o = &mut out[h * out_stride..h * out_stride + len];
+        dot_f16_rows(rows, stride, off, &q[h * n..(h + 1) * n], o, true);
+    }
+}
+
+/// [`axpy_f16_rows`] for several query heads that read the same rows: `accs` holds each head's
+/// `slots` rows of `n` accumulators (head after head), and head h's term `first_term + i`
+/// adds `rows[i * stride + off..][..n] * probs[h * probs_stride + i]` for `i < len`. Each
+/// accumulator takes its terms in the order (and with the bits) of one [`axpy_f16_rows`] call
+/// per head; the SIMD path widens each row from f16 once for all heads.
+///
+/// # Panics
+/// If `accs` is not whole heads of `slots` rows of `n`, `probs` is too short for its heads, or
+/// `rows` too short.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn axpy_f16_rows_heads(
+    accs: &mut [f32],
+    n: usize,
+    slots: usize,
+    first_term: usize,
+    rows: &[f16],
+    stride: usize,
+    off: usize,
+    probs: &[f32],
+    probs_stride: usize,
+    len: usize,
+) {
+    let per_head = slots * n;
+    let heads = accs.len().checked_div(per_head).unwrap_or(0);
+    assert_eq!(heads * per_head, accs.len(), "accumulators not whole heads");
+    if heads == 0 || len == 0 {
+        return;
+    }
+    assert!(
+        probs.len() >= (heads - 1) * probs_stride + len,
+        "probabilities too short"
+    );
+    assert!(rows.len() >= (len - 1) * stride + off + n, "rows too short");
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() && slots == LANES {
+        // SAFETY: AVX2, FMA and F16C are present (checked); lengths checked above.
+        return unsafe {
+            simd::axpy_f16_rows_heads(
+                accs,
+                n,
+                first_term,
+                rows,
+                stride,
+                off,
+                probs,
+                probs_stride,
+                len,
+            )
+        };
+    }
+    for (h, acc) in accs.chunks_exact_mut(per_head).enumerate() {
+        let p = &probs[h * probs_stride..h * probs_stride + len];
+        axpy_f16_rows(acc, slots, first_term, rows, stride, off, p);
+    }
+}
+
 /// [`axpy_f16`] in portable code (the reference of the SIMD version).
 #[inline(always)]
 fn axpy_f16_portable(acc: &mut [f32], v: &[f16], p: f32) {
@@ -370,7 +470,7 @@ pub fn silu(x: f32) -> f32 {
 mod simd {
     // The enclosing file by its absolute path: `scripts/check-layers.py` resolves paths per file
     // and would take `super::` here for `cpu/mod.rs`.
-    use crate::cpu::ggml_order::{expf, h, reduce16, LANES};
+    use crate::cpu::ggml_order::{expf, h, h as h_, reduce16, LANES};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -587,6 +687,262 @@ mod simd {
                     dot_f16_ggml(a, q)
                 }
             };
+        }
+    }
+
+    /// [`super::dot_f16_rows_heads`] (lengths checked by it; `n` a multiple of 16): heads in
+    /// passes of up to 4, each row widened once per pass.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; the lengths are those the caller checked.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_rows_heads(
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        q: &[f32],
+        n: usize,
+        out: &mut [f32],
+        out_stride: usize,
+        len: usize,
+    ) {
+        let heads = q.len() / n;
+        let mut h0 = 0;
+        while h0 < heads {
+            // Passes of 4, 3 or 2 heads (a last single head takes the 4-row one-head kernel).
+            let left = heads - h0;
+            let take = match left {
+                1 => 1,
+                5 | 6 => 3,
+                _ => left.min(4),
+            };
+            let qh = &q[h0 * n..(h0 + take) * n];
+            let o = &mut out[h0 * out_stride..];
+            // SAFETY: this function's features and lengths are the pass kernels'.
+            unsafe {
+                match take {
+                    1 => dot_f16_rows(rows, stride, off, qh, &mut o[..len], true),
+                    2 => dot_rows_heads::<2>(rows, stride, off, qh, n, o, out_stride, len),
+                    3 => dot_rows_heads::<3>(rows, stride, off, qh, n, o, out_stride, len),
+                    _ => dot_rows_heads::<4>(rows, stride, off, qh, n, o, out_stride, len),
+                }
+            }
+            h0 += take;
+        }
+    }
+
+    /// One pass of [`dot_f16_rows_heads`] over `H` heads: per row, the 16-lane FMA chains of
+    /// [`dot_f16_tinyblas`] for each head (queries read from memory, so that 2H accumulators
+    /// and the row's two widened halves fit in the registers), then its tree reduction.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `q` holds `H` heads of `n` (a multiple of 16) values,
+    /// `out` at least `(H - 1) * out_stride + len` and `rows` at least
+    /// `(len - 1) * stride + off + n`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_rows_heads<const H: usize>(
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        q: &[f32],
+        n: usize,
+        out: &mut [f32],
+        out_stride: usize,
+        len: usize,
+    ) {
+        debug_assert!(q.len() == H * n && n.is_multiple_of(LANES));
+        debug_assert!(out.len() >= (H - 1) * out_stride + len);
+        for i in 0..len {
+            let base = i * stride + off;
+            let mut lo = [_mm256_setzero_ps(); H];
+            let mut hi = [_mm256_setzero_ps(); H];
+            let mut k = 0;
+            while k < n {
+                // SAFETY: k + 16 <= n; row i's n values lie in `rows` and head h's in `q`
+                // (the contract).
+                unsafe {
+                    let (kl, kh) = (load8(rows, base + k), load8(rows, base + k + 8));
+                    for h in 0..H {
+                        lo[h] = _mm256_fmadd_ps(kl, loadf(q, h * n + k), lo[h]);
+                        hi[h] = _mm256_fmadd_ps(kh, loadf(q, h * n + k + 8), hi[h]);
+                    }
+                }
+                k += LANES;
+            }
+            for h in 0..H {
+                // SAFETY: AVX2 present; h * out_stride + i < out.len() (the contract).
+                unsafe { *out.get_unchecked_mut(h * out_stride + i) = reduce16_regs(lo[h], hi[h]) };
+            }
+        }
+    }
+
+    /// [`super::axpy_f16_rows_heads`] with 16 slots (lengths checked by it): heads in passes
+    /// of up to 4.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; the lengths are those the caller checked.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_f16_rows_heads(
+        accs: &mut [f32],
+        n: usize,
+        first_term: usize,
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        probs: &[f32],
+        probs_stride: usize,
+        len: usize,
+    ) {
+        let per_head = LANES * n;
+        let heads = accs.len() / per_head;
+        let mut h0 = 0;
+        while h0 < heads {
+            let left = heads - h0;
+            let take = match left {
+                1 => 1,
+                5 | 6 => 3,
+                _ => left.min(4),
+            };
+            let a = &mut accs[h0 * per_head..(h0 + take) * per_head];
+            let p = &probs[h0 * probs_stride..];
+            // SAFETY: this function's features and lengths are the pass kernels'.
+            unsafe {
+                match take {
+                    1 => axpy_f16_rows_by_slot(a, LANES, first_term, rows, stride, off, &p[..len]),
+                    2 => axpy_heads_by_slot::<2, 4>(
+                        a,
+                        n,
+                        first_term,
+                        rows,
+                        stride,
+                        off,
+                        p,
+                        probs_stride,
+                        len,
+                    ),
+                    3 => axpy_heads_by_slot::<3, 4>(
+                        a,
+                        n,
+                        first_term,
+                        rows,
+                        stride,
+                        off,
+                        p,
+                        probs_stride,
+                        len,
+                    ),
+                    _ => axpy_heads_by_slot::<4, 2>(
+                        a,
+                        n,
+                        first_term,
+                        rows,
+                        stride,
+                        off,
+                        p,
+                        probs_stride,
+                        len,
+                    ),
+                }
+            }
+            h0 += take;
+        }
+    }
+
+    /// One pass of [`axpy_f16_rows_heads`] over `H` heads, as [`axpy_f16_rows_by_slot`] for one
+    /// head: slot by slot, columns in blocks of `8 * C` whose accumulators (C registers per
+    /// head) stay in registers while the slot's terms are added; each row block is widened
+    /// once and added to every head's accumulators with that head's probability. Every
+    /// accumulator takes its terms in order, one fused multiply-add each.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `accs` holds `H` heads of 16 rows of `n`, `probs` at
+    /// least `(H - 1) * probs_stride + len` values and `rows` at least
+    /// `(len - 1) * stride + off + n`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy_heads_by_slot<const H: usize, const C: usize>(
+        accs: &mut [f32],
+        n: usize,
+        first_term: usize,
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        probs: &[f32],
+        probs_stride: usize,
+        len: usize,
+    ) {
+        let slots = LANES;
+        let per_head = slots * n;
+        debug_assert_eq!(accs.len(), H * per_head);
+        debug_assert!(probs.len() >= (H - 1) * probs_stride + len);
+        let f = first_term % slots;
+        let block = 8 * C;
+        let full_blocks = n - n % block;
+        let full8 = n - n % 8;
+        let a = accs.as_mut_ptr();
+        let prob = |h: usize, i: usize| {
+            // SAFETY: i < len, so h * probs_stride + i < probs.len() (the contract).
+            unsafe { *probs.get_unchecked(h * probs_stride + i) }
+        };
+        for s in 0..slots {
+            // Term i goes to slot (first_term + i) % slots.
+            let i0 = (s + slots - f) % slots;
+            if i0 >= len {
+                continue;
+            }
+            let mut c = 0;
+            while c < full8 {
+                // A whole block of C registers per head, or one 8-column chunk at the end.
+                let regs = if c < full_blocks { C } else { 1 };
+                let mut acc = [[_mm256_setzero_ps(); C]; H];
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    for (k, v) in acc_h[..regs].iter_mut().enumerate() {
+                        // SAFETY: c + 8k + 8 <= n: inside head h's slot s row of `accs`.
+                        *v = unsafe { _mm256_loadu_ps(a.add(h * per_head + s * n + c + 8 * k)) };
+                    }
+                }
+                let mut i = i0;
+                while i < len {
+                    // (A loop, not `array::from_fn`: closures do not inherit target features.)
+                    let mut p = [_mm256_setzero_ps(); H];
+                    for (h, ph) in p.iter_mut().enumerate() {
+                        *ph = _mm256_set1_ps(prob(h, i));
+                    }
+                    let base = i * stride + off + c;
+                    #[allow(clippy::needless_range_loop)] // acc[h][k]: two indices
+                    for k in 0..regs {
+                        // SAFETY: base + 8k + 8 <= i * stride + off + n <= rows.len().
+                        let v = unsafe { load8(rows, base + 8 * k) };
+                        for h in 0..H {
+                            acc[h][k] = _mm256_fmadd_ps(v, p[h], acc[h][k]);
+                        }
+                    }
+                    i += slots;
+                }
+                for (h, acc_h) in acc.iter().enumerate() {
+                    for (k, v) in acc_h[..regs].iter().enumerate() {
+                        // SAFETY: as for the loads.
+                        unsafe { _mm256_storeu_ps(a.add(h * per_head + s * n + c + 8 * k), *v) };
+                    }
+                }
+                c += 8 * regs;
+            }
+            for h in 0..H {
+                for d in full8..n {
+                    let mut i = i0;
+                    // SAFETY: d < n: inside head h's slot s row.
+                    let x = unsafe { &mut *a.add(h * per_head + s * n + d) };
+                    while i < len {
+                        *x = h_(rows[i * stride + off + d]).mul_add(prob(h, i), *x);
+                        i += slots;
+                    }
+                }
+            }
         }
     }
 
@@ -1046,6 +1402,82 @@ mod tests {
         }
     }
     use super::*;
+
+    /// The several-heads run kernels equal the portable order of each head on its own: every
+    /// head count a pass split can produce (1 to 8), head sizes with and without whole 16-lane
+    /// steps and 8-column chunks, runs shorter and longer than the slot count, several first
+    /// terms, score and probability rows with gaps between heads.
+    #[test]
+    fn head_runs_equal_each_head_alone() {
+        let mut seed = 0x0bad_cafe_f00d_1234u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (stride, off, n, n_rows) in [
+            (192usize, 64usize, 64usize, 37usize),
+            (64, 0, 64, 3),
+            (256, 0, 256, 21),
+            (260, 4, 128, 18),
+            (50, 3, 44, 19),
+            (100, 10, 80, 33),
+        ] {
+            let rows: Vec<f16> = (0..stride * n_rows)
+                .map(|_| f16::from_f32(next()))
+                .collect();
+            for heads in 1..=8usize {
+                let q: Vec<f32> = (0..heads * n).map(|_| next()).collect();
+                let out_stride = n_rows + 3;
+                let mut out = vec![-7.0f32; heads * out_stride];
+                dot_f16_rows_heads(&rows, stride, off, &q, n, &mut out, out_stride, n_rows);
+                for h in 0..heads {
+                    let qh = &q[h * n..(h + 1) * n];
+                    for i in 0..n_rows {
+                        let want = dot_f16_tinyblas_portable(&rows[i * stride + off..][..n], qh);
+                        let got = out[h * out_stride + i];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "n {n} heads {heads} h {h} row {i}"
+                        );
+                    }
+                    // The gap between heads' rows is left alone.
+                    assert!(out[h * out_stride + n_rows..(h + 1) * out_stride]
+                        .iter()
+                        .all(|x| *x == -7.0));
+                }
+                let probs: Vec<f32> = (0..heads * out_stride).map(|_| next()).collect();
+                for first_term in [0usize, 5, 70] {
+                    let init: Vec<f32> = (0..heads * LANES * n).map(|_| next()).collect();
+                    let mut accs = init.clone();
+                    axpy_f16_rows_heads(
+                        &mut accs, n, LANES, first_term, &rows, stride, off, &probs, out_stride,
+                        n_rows,
+                    );
+                    let mut want = init;
+                    for h in 0..heads {
+                        let w = &mut want[h * LANES * n..(h + 1) * LANES * n];
+                        for i in 0..n_rows {
+                            let s = (first_term + i) % LANES;
+                            axpy_f16_portable(
+                                &mut w[s * n..(s + 1) * n],
+                                &rows[i * stride + off..][..n],
+                                probs[h * out_stride + i],
+                            );
+                        }
+                    }
+                    assert_eq!(
+                        bits(&accs),
+                        bits(&want),
+                        "n {n} heads {heads} first {first_term}"
+                    );
+                }
+            }
+        }
+    }
 
     /// The run kernels equal one call per row (scores) and one `axpy_f16` per term in its slot.
     #[test]

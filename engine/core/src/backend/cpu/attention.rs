@@ -294,18 +294,35 @@ impl OpCtx<'_> {
         let n_tok = self.n_tokens();
         let batch = n_tok > 1;
         let width = if batch { LANES } else { STEP_LANES };
+        // A batch job takes `g` query heads of one KV head: their scores use the same key and
+        // value rows, widened from f16 once for all of them (each head's sums keep their order,
+        // so the bits are those of one head at a time). The scratch holds `g` heads.
+        let g = if batch {
+            (1..=group.min(self.exec.heads_together))
+                .rev()
+                .find(|g| group.is_multiple_of(*g))
+                .unwrap_or(1)
+        } else {
+            1
+        };
         let ctx = self.kv.ctx;
         let (k_base, v_base, rows) = self.kv.layer_span(layer);
         // Rows are f16 of `row_bytes` bytes.
         let row_len = self.kv.row_bytes / 2;
         debug_assert!(row_len >= self.kv.kv_dim);
         let scratch = self.scratch();
-        let (scores, rest) = scratch.split_at_mut(ctx);
-        let (qh, rest) = rest.split_at_mut(head_dim);
-        let accs = &mut rest[..head_dim * width];
-        for job in self.attention_jobs(n_head, group) {
-            let (t, h) = (job / n_head, job % n_head);
-            let kvh = h / group;
+        let (scores, rest) = scratch.split_at_mut(g * ctx);
+        let (qs, rest) = rest.split_at_mut(g * head_dim);
+        let accs = &mut rest[..g * head_dim * width];
+        let jobs = if g == 1 {
+            self.attention_jobs(n_head, group)
+        } else {
+            AttentionJobs::Strided(self.share_causal(n_tok * (n_head / g)))
+        };
+        for job in jobs {
+            // Job (t, h0): token t's heads h0..h0 + g.
+            let (t, h0) = (job / (n_head / g), job % (n_head / g) * g);
+            let kvh = h0 / group;
             let (kv, n_pos) = (self.kv_of(t), self.pos(t) + 1);
             // The layer's keys and values in token t's cache (the same layout in every cache
             // of a run).
@@ -318,8 +335,8 @@ impl OpCtx<'_> {
                 )
             };
             // ggml converts the query to f16 before its f16 K·Q product (`x * 1` is `x`).
-            qh.copy_from_slice(&self.input(q, t..t + 1)[h * head_dim..(h + 1) * head_dim]);
-            order::scale_round_f16(qh, 1.0);
+            qs.copy_from_slice(&self.input(q, t..t + 1)[h0 * head_dim..(h0 + g) * head_dim]);
+            order::scale_round_f16(qs, 1.0);
             // A sliding window starts later; scores[i] is position first + i.
             let first = window.map_or(0, |w| n_pos.saturating_sub(w));
             let n_seen = n_pos - first;
@@ -329,37 +346,25 @@ impl OpCtx<'_> {
             let mut at = 0;
             for (slot0, len) in runs {
                 let run = &keys[slot0 * row_len..];
-                order::dot_f16_rows(run, row_len, off, qh, &mut scores[at..at + len], batch);
+                if g == 1 {
+                    order::dot_f16_rows(run, row_len, off, qs, &mut scores[at..at + len], batch);
+                } else {
+                    order::dot_f16_rows_heads(
+                        run,
+                        row_len,
+                        off,
+                        qs,
+                        head_dim,
+                        &mut scores[at..],
+                        ctx,
+                        len,
+                    );
+                }
                 at += len;
             }
-            match softcap {
-                Some(_) => scores[..n_seen]
-                    .iter_mut()
-                    .for_each(|s| *s = soft_cap(*s, softcap) * scale),
-                // The common case in a loop the compiler vectorizes.
-                None => scores[..n_seen].iter_mut().for_each(|s| *s *= scale),
+            for scores in scores.chunks_exact_mut(ctx) {
+                softmax_rounded_f16(&mut scores[..n_seen], scale, softcap);
             }
-            // The maximum in 8 lanes (vectorized; one serial chain of `max` is slow): the same
-            // value as a serial fold, NaNs ignored either way (a zero's sign may differ, which
-            // changes no `s - max`).
-            let mut lanes = [f32::NEG_INFINITY; 8];
-            for c in scores[..n_seen].chunks(8) {
-                for (m, s) in lanes.iter_mut().zip(c) {
-                    *m = m.max(*s);
-                }
-            }
-            let max = lanes.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
-            // exp(s - max), summed 16 at a time in f64 (ggml_vec_soft_max_f32).
-            // (One call: every element's exp is the same whichever lanes compute it.)
-            order::expf_shifted(&mut scores[..n_seen], max);
-            let mut sum = 0.0f64;
-            for chunk in scores[..n_seen].chunks(LANES) {
-                let mut lanes = [0.0f32; LANES];
-                lanes[..chunk.len()].copy_from_slice(chunk);
-                sum += f64::from(order::reduce16(&lanes));
-            }
-            let inv = (1.0 / sum) as f32;
-            order::scale_round_f16(&mut scores[..n_seen], inv);
             // V·p with p rounded to f16. Output element d accumulates term p in slot
             // p % width (see cpu::ggml_order); slots are stored [slot][d] so that one position
             // updates a contiguous row of head_dim accumulators (vectorizable, same order).
@@ -367,10 +372,67 @@ impl OpCtx<'_> {
             let mut at = 0;
             for (slot0, len) in runs {
                 let run = &values[slot0 * row_len..];
-                order::axpy_f16_rows(accs, width, at, run, row_len, off, &scores[at..at + len]);
+                if g == 1 {
+                    let p = &scores[at..at + len];
+                    order::axpy_f16_rows(accs, width, at, run, row_len, off, p);
+                } else {
+                    order::axpy_f16_rows_heads(
+                        accs,
+                        head_dim,
+                        width,
+                        at,
+                        run,
+                        row_len,
+                        off,
+                        &scores[at..],
+                        ctx,
+                        len,
+                    );
+                }
                 at += len;
             }
-            order::accumulated_sums(accs, self.output(out, t, h * head_dim..(h + 1) * head_dim));
+            for (i, accs) in accs.chunks_exact(head_dim * width).enumerate() {
+                let h = h0 + i;
+                order::accumulated_sums(
+                    accs,
+                    self.output(out, t, h * head_dim..(h + 1) * head_dim),
+                );
+            }
         }
     }
+}
+
+/// llama.cpp's softmax of one row of scores, in place: `soft_cap(s) * scale`, the maximum,
+/// `exp(s - max)` summed 16 at a time in f64 (`ggml_vec_soft_max_f32`), then the probabilities
+/// rounded to f16 (the operand of its f16 `V·p`).
+#[inline(always)]
+fn softmax_rounded_f16(scores: &mut [f32], scale: f32, softcap: Option<f32>) {
+    use edge_kernels::cpu::ggml_order::{self as order, LANES};
+    match softcap {
+        Some(_) => scores
+            .iter_mut()
+            .for_each(|s| *s = soft_cap(*s, softcap) * scale),
+        // The common case in a loop the compiler vectorizes.
+        None => scores.iter_mut().for_each(|s| *s *= scale),
+    }
+    // The maximum in 8 lanes (vectorized; one serial chain of `max` is slow): the same value
+    // as a serial fold, NaNs ignored either way (a zero's sign may differ, which changes no
+    // `s - max`).
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for c in scores.chunks(8) {
+        for (m, s) in lanes.iter_mut().zip(c) {
+            *m = m.max(*s);
+        }
+    }
+    let max = lanes.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+    // (One call: every element's exp is the same whichever lanes compute it.)
+    order::expf_shifted(scores, max);
+    let mut sum = 0.0f64;
+    for chunk in scores.chunks(LANES) {
+        let mut lanes = [0.0f32; LANES];
+        lanes[..chunk.len()].copy_from_slice(chunk);
+        sum += f64::from(order::reduce16(&lanes));
+    }
+    let inv = (1.0 / sum) as f32;
+    order::scale_round_f16(scores, inv);
 }

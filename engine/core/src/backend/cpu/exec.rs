@@ -67,12 +67,28 @@ const CONTENDED_SPIN_NS: u32 = 4 * edge_kernels::wait::SpinBudget::MIN_NS;
 /// back to barriers: nobody was being descheduled any more.
 const QUIET_RUNS_TO_LEAVE_SHARED: u32 = 16;
 
+/// Most query heads of one KV head that a job of batched attention takes together.
+pub const MAX_HEADS_TOGETHER: usize = 4;
+
+/// The query heads of one KV head that batched attention takes together, for `group` query
+/// heads per KV head: the largest divisor of `group` up to [`MAX_HEADS_TOGETHER`]. They read the
+/// same key and value rows, which are widened from f16 once for all of them.
+pub fn heads_together(group: usize) -> usize {
+    (1..=MAX_HEADS_TOGETHER.min(group.max(1)))
+        .rev()
+        .find(|g| group.is_multiple_of(*g))
+        .unwrap_or(1)
+}
+
 /// Bytes of scratch one thread needs for attention over `ctx` positions with heads of
-/// `head_dim`: one row of scores (one head, one token), the query, and the ordered
-/// accumulators of the output (64 lanes per output element; see
-/// [`edge_kernels::cpu::ggml_order`]).
-pub fn scratch_bytes_per_thread(ctx: usize, head_dim: usize) -> usize {
-    (ctx + head_dim + head_dim * 4 * LANES) * 4
+/// `head_dim`, taking `heads_together` query heads at a time in a batch: for one token, one row
+/// of scores, the query and the ordered accumulators of the output (64 lanes per output
+/// element; see [`edge_kernels::cpu::ggml_order`]); for a batch, the same with 16 lanes for
+/// each of the heads taken together.
+pub fn scratch_bytes_per_thread(ctx: usize, head_dim: usize, heads_together: usize) -> usize {
+    let one_token = ctx + head_dim + head_dim * 4 * LANES;
+    let batch = heads_together.max(1) * (ctx + head_dim + head_dim * LANES);
+    one_token.max(batch) * 4
 }
 
 /// Bytes of scratch one thread needs for the tiled (online-softmax) attention: an f32
@@ -86,6 +102,9 @@ pub struct Executor {
     /// Attention runs tiled with an online softmax (always for a q8_0 cache; for f16 when
     /// flash attention was asked for).
     pub(super) online_attention: bool,
+    /// Most query heads of one KV head a job of batched attention takes together (its scratch
+    /// holds that many heads' scores and accumulators).
+    pub(super) heads_together: usize,
     pool: ThreadPool,
     barrier: SpinBarrier,
     pub(super) kernels: Kernels,
@@ -146,22 +165,25 @@ impl Executor {
     /// An executor with an arena of `arena_bytes` and `n_threads` threads; `online_attention`
     /// picks the tiled online-softmax attention (scratch independent of `ctx`) over the exact
     /// llama.cpp-order one.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         arena_bytes: usize,
         n_threads: usize,
         ctx: usize,
         head_dim: usize,
+        heads_together: usize,
         online_attention: bool,
         kernels: Kernels,
     ) -> Result<Executor, String> {
         let scratch_per_thread = if online_attention {
             online_scratch_bytes_per_thread(head_dim)
         } else {
-            scratch_bytes_per_thread(ctx, head_dim)
+            scratch_bytes_per_thread(ctx, head_dim, heads_together)
         }
         .next_multiple_of(crate::memory::ALIGN);
         Ok(Executor {
             online_attention,
+            heads_together: heads_together.max(1),
             pool: ThreadPool::new(n_threads)?,
             barrier: SpinBarrier::new(n_threads.max(1)),
             kernels,

@@ -21,7 +21,8 @@ use crate::memory::ALIGN;
 use crate::model::Model;
 use crate::plan::PlannedGraph;
 pub use exec::{
-    online_scratch_bytes_per_thread, scratch_bytes_per_thread, Executor, RunArgs, SeqRow,
+    heads_together, online_scratch_bytes_per_thread, scratch_bytes_per_thread, Executor, RunArgs,
+    SeqRow, MAX_HEADS_TOGETHER,
 };
 
 /// Bytes of scratch of all threads of a session of this shape (`None` on overflow).
@@ -29,7 +30,11 @@ pub fn scratch_bytes(shape: &Shape) -> Option<usize> {
     if shape.flash_attn {
         online_scratch_bytes_per_thread(shape.head_dim)
     } else {
-        scratch_bytes_per_thread(shape.ctx, shape.head_dim)
+        scratch_bytes_per_thread(
+            shape.ctx,
+            shape.head_dim,
+            heads_together(shape.n_head / shape.n_head_kv.max(1)),
+        )
     }
     .checked_next_multiple_of(ALIGN)?
     .checked_mul(shape.threads)
@@ -66,6 +71,7 @@ impl CpuBackend {
             alloc.threads,
             alloc.ctx,
             p.head_dim,
+            heads_together(p.n_head / p.n_head_kv.max(1)),
             alloc.flash_attn,
             kernels,
         )
