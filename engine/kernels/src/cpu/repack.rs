@@ -482,34 +482,62 @@ pub(super) mod avx2 {
         unsafe { q4_0_rows8_impl(w, x) }
     }
 
+    /// Lane t of the result, for t < N, is the sum of the 8 lanes of `v[t]` (exact integer
+    /// adds); lanes N..4 are zero.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_i32_x4<const N: usize>(v: &[__m256i; N]) -> __m128i {
+        const { assert!(N <= 4) };
+        let mut p = [_mm256_setzero_si256(); 4];
+        p[..N].copy_from_slice(v);
+        // [a01 a23 b01 b23 | a45 a67 b45 b67], then [A_lo B_lo C_lo D_lo | A_hi B_hi C_hi D_hi].
+        let s = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
+    }
+
     /// [`q4_k_impl`] of one weight row with `N` activation rows: the nibbles and scales are
-    /// unpacked once per block; each token's accumulators see the one-token operations in order.
+    /// unpacked once per block. Each token's block sums and mins are integers (exact in any
+    /// order: the mins are `madd`s of the activation's 16 block sums by the duplicated mins);
+    /// the float steps per block, `fma(isum, d_w * d_x, acc)` and `fma(msum, dmin * d_x,
+    /// acc_min)`, run for the N tokens in the lanes of one register, each lane the one-token
+    /// operations in order, so the bits are those of N one-token calls.
     ///
     /// # Safety
     /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_k_xn_impl<const N: usize>(w: &[BlockQ4_K], x: [&[BlockQ8_K]; N]) -> [f32; N] {
+        const { assert!(N <= 4) };
         let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = [0.0f32; N];
-        let mut acc_min = [0.0f32; N];
+        // `pshufb` controls that copy word k of each 128-bit lane into all of its 8 words.
+        let sel: [__m256i; 8] = std::array::from_fn(|k| {
+            let (lo, hi) = (2 * k as i8, 2 * k as i8 + 1);
+            _mm256_setr_epi8(
+                lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo,
+                hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+            )
+        });
+        let mut acc = _mm_setzero_ps();
+        let mut acc_min = _mm_setzero_ps();
         for (i, bw) in w.iter().enumerate() {
             // SAFETY: i < w.len() <= x[t].len() (caller).
             let bx = x.map(|r| unsafe { r.get_unchecked(i) });
+            let (sc16, m16) = scales_mins_words(bw);
+            let sc16 = _mm256_broadcastsi128_si256(sc16);
+            // Min k of sub-block k (32 quants) weighs activation block sums 2k and 2k + 1.
+            let m_pairs =
+                _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
             let mut lanes = [_mm256_setzero_si256(); N];
-            let mut mins = [0i32; N];
+            let mut mins = [_mm256_setzero_si256(); N];
+            for t in 0..N {
+                mins[t] = _mm256_madd_epi16(load32(&bx[t].bsums), m_pairs);
+            }
             for c in 0..4 {
-                let (sc1, m1) = scale_min_k4(2 * c, &bw.scales);
-                let (sc2, m2) = scale_min_k4(2 * c + 1, &bw.scales);
                 let q = load32(&bw.qs[32 * c..]);
                 let q_lo = _mm256_and_si256(q, m4);
                 let q_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                let (s1, s2) = (
-                    _mm256_set1_epi16(i16::from(sc1)),
-                    _mm256_set1_epi16(i16::from(sc2)),
-                );
+                let s1 = _mm256_shuffle_epi8(sc16, sel[2 * c]);
+                let s2 = _mm256_shuffle_epi8(sc16, sel[2 * c + 1]);
                 for t in 0..N {
-                    mins[t] += i32::from(m1) * (bx[t].bsum(4 * c) + bx[t].bsum(4 * c + 1))
-                        + i32::from(m2) * (bx[t].bsum(4 * c + 2) + bx[t].bsum(4 * c + 3));
                     let lo = _mm256_maddubs_epi16(q_lo, load32(&bx[t].qs[64 * c..]));
                     let hi = _mm256_maddubs_epi16(q_hi, load32(&bx[t].qs[64 * c + 32..]));
                     let lo = _mm256_madd_epi16(lo, s1);
@@ -517,18 +545,21 @@ pub(super) mod avx2 {
                     lanes[t] = _mm256_add_epi32(lanes[t], _mm256_add_epi32(lo, hi));
                 }
             }
-            let (dw, dmin) = (f16_le(bw.d), f16_le(bw.dmin));
+            let mut dx = [0.0f32; 4];
             for t in 0..N {
-                let dx = bx[t].d();
-                acc[t] = (hsum_i32(lanes[t]) as f32).mul_add(dw * dx, acc[t]);
-                acc_min[t] = (mins[t] as f32).mul_add(dmin * dx, acc_min[t]);
+                dx[t] = bx[t].d();
             }
+            // SAFETY: `dx` is 4 readable f32; loadu has no alignment requirement.
+            let dx = unsafe { _mm_loadu_ps(dx.as_ptr()) };
+            let d = _mm_mul_ps(_mm_set1_ps(f16_le(bw.d)), dx);
+            let dmin = _mm_mul_ps(_mm_set1_ps(f16_le(bw.dmin)), dx);
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(&lanes)), d, acc);
+            acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(&mins)), dmin, acc_min);
         }
-        let mut out = [0.0f32; N];
-        for t in 0..N {
-            out[t] = acc[t] - acc_min[t];
-        }
-        out
+        let mut out = [0.0f32; 4];
+        // SAFETY: `out` is 4 writable f32.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc, acc_min)) };
+        std::array::from_fn(|t| out[t])
     }
 
     /// [`dot_q4_k_q8_k`] of one weight row with `N` activation rows, bit-identical to `N` calls.
