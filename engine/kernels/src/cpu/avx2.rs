@@ -343,15 +343,19 @@ unsafe fn dot_q8_0_q8_0_xn_scaled_impl<const N: usize>(
     out
 }
 
-/// The `N` (at most 4) activation rows' block scales as f32, `out[i][t]` = scale of block `i`
-/// of row `t` (lanes `N..4` zero), for [`dot_q8_0_q8_0_xn_scaled`].
+/// The `N` (at most `W`) activation rows' block scales as f32, `out[i][t]` = scale of block `i`
+/// of row `t` (lanes `N..W` zero), for [`dot_q8_0_q8_0_xn_scaled`] (`W` = 4) and
+/// [`dot_q8_0_q8_0_x8_scaled`] (`W` = 8).
 ///
 /// # Panics
-/// If a row has fewer than `out.len()` blocks, or `N > 4`.
-pub(super) fn q8_0_token_scales<const N: usize>(x: [&[BlockQ8_0]; N], out: &mut [[f32; 4]]) {
-    const { assert!(N <= 4) };
+/// If a row has fewer than `out.len()` blocks, or `N > W`.
+pub(super) fn q8_0_token_scales<const N: usize, const W: usize>(
+    x: [&[BlockQ8_0]; N],
+    out: &mut [[f32; W]],
+) {
+    const { assert!(N <= W) };
     for (i, o) in out.iter_mut().enumerate() {
-        *o = [0.0; 4];
+        *o = [0.0; W];
         for t in 0..N {
             o[t] = super::block::f16_le(x[t][i].d);
         }
@@ -376,6 +380,60 @@ pub(super) fn dot_q8_0_q8_0_xn_scaled<const N: usize>(
     );
     // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
     unsafe { dot_q8_0_q8_0_xn_scaled_impl(w, x, dx) }
+}
+
+/// [`dot_q8_0_q8_0_xn_scaled`] for 8 activation rows: each weight block's load, `abs` and
+/// scale conversion shared by twice the tokens of the 4-token kernel (AVX2 has the registers:
+/// 8 accumulators). `dx[i][t]` from [`q8_0_token_scales`]; no activation quant is -128
+/// ([`sign_trick_exact`] of every row). Bit-identical to one [`dot_q8_0_q8_0_xn_scaled`] per
+/// token: the same `d_w * d_x` products, `fma`s and lanes.
+///
+/// # Panics
+/// If an activation row or `dx` is shorter than `w`.
+pub(super) fn dot_q8_0_q8_0_x8_scaled(
+    _: Token,
+    w: &[BlockQ8_0],
+    x: [&[BlockQ8_0]; 8],
+    dx: &[[f32; 8]],
+) -> [f32; 8] {
+    assert!(
+        dx.len() >= w.len() && x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { dot_q8_0_q8_0_x8_scaled_impl(w, x, dx) }
+}
+
+/// See [`dot_q8_0_q8_0_x8_scaled`].
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` and `dx` have at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0_x8_scaled_impl(
+    w: &[BlockQ8_0],
+    x: [&[BlockQ8_0]; 8],
+    dx: &[[f32; 8]],
+) -> [f32; 8] {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for (i, bw) in w.iter().enumerate() {
+        let a8 = load_q8(&bw.qs);
+        let a_abs = _mm256_abs_epi8(a8);
+        let dw = _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bw.d)));
+        // SAFETY: i < w.len() <= dx.len() (caller).
+        let dxi = unsafe { dx.get_unchecked(i) };
+        for t in 0..8 {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let prod = q8_0_lanes_signed(a_abs, a8, load_q8(&bx.qs));
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(dxi[t]));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    for t in 0..8 {
+        out[t] = hsum(acc[t]);
+    }
+    out
 }
 
 /// Quantizes one block of 32 floats exactly as the scalar `quantize_row_with` does for the same

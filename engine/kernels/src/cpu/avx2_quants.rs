@@ -208,6 +208,60 @@ unsafe fn dot_q5_0_q8_0_xn_scaled_impl<const N: usize>(
     acc.map(|a| hsum(a))
 }
 
+/// [`dot_q5_0_q8_0_xn_scaled`] for 8 activation rows: each weight block's unpacking (about a
+/// fifth of the 4-token kernel's work) shared by twice the tokens (AVX2 has the registers: 8
+/// accumulators). `dx[i][t]` from `avx2::q8_0_token_scales`; no activation quant is -128.
+/// Bit-identical to one [`dot_q5_0_q8_0_xn_scaled`] per token.
+///
+/// # Panics
+/// If an activation row or `dx` is shorter than `w`.
+pub(super) fn dot_q5_0_q8_0_x8_scaled(
+    _: Token,
+    w: &[BlockQ5_0],
+    x: [&[BlockQ8_0]; 8],
+    dx: &[[f32; 8]],
+) -> [f32; 8] {
+    assert!(
+        dx.len() >= w.len() && x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { dot_q5_0_q8_0_x8_scaled_impl(w, x, dx) }
+}
+
+/// See [`dot_q5_0_q8_0_x8_scaled`].
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` and `dx` have at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_q8_0_x8_scaled_impl(
+    w: &[BlockQ5_0],
+    x: [&[BlockQ8_0]; 8],
+    dx: &[[f32; 8]],
+) -> [f32; 8] {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let sixteen = _mm256_set1_epi8(16);
+    for (i, bw) in w.iter().enumerate() {
+        let s = _mm256_sub_epi8(q5_quants(&bw.qh, &bw.qs), sixteen);
+        let s_abs = _mm256_abs_epi8(s);
+        let dw = _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bw.d)));
+        // SAFETY: i < w.len() <= dx.len() (caller).
+        let dxi = unsafe { dx.get_unchecked(i) };
+        for t in 0..8 {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let prod = q5_0_lanes_signed(s_abs, s, load_q8(&bx.qs));
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(dxi[t]));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    for t in 0..8 {
+        out[t] = hsum(acc[t]);
+    }
+    out
+}
+
 /// Q5_1 . Q8_1 as ggml's AVX2 `ggml_vec_dot_q5_1_q8_1`: lanes as Q5_0 (no offset) with
 /// `fma(d_w * d_x, lane, acc)`, and the `m_w * s_x` products summed in one f32 in block order,
 /// added after the lanes' `hsum`.

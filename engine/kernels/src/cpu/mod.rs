@@ -1137,6 +1137,9 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            if !t.avx512() && matches!(w_ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
+                return avx2_q8_0_tokens8(t, w_ty, n, w, x_q, rows, y);
+            }
             if !t.avx512()
                 || !matches!(
                     w_ty,
@@ -1212,6 +1215,64 @@ impl Kernels {
         let _ = (w_ty, n, w, x_q, rows, y);
         false
     }
+}
+
+/// [`Kernels::matvec_tokens8`] of Q5_0 / Q8_0 weights with the AVX2 set: the 8-token kernels
+/// with the tokens' block scales converted once per call, where no activation quant is -128
+/// and a row has at most 512 blocks; otherwise `false` (the caller runs 4 tokens at a time).
+#[cfg(target_arch = "x86_64")]
+fn avx2_q8_0_tokens8(
+    t: x86::Token,
+    w_ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    x_q: [&[u8]; MATVEC_TOKENS8],
+    rows: Range<usize>,
+    y: [&mut [f32]; MATVEC_TOKENS8],
+) -> bool {
+    let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+    let nb = xb / std::mem::size_of::<BlockQ8_0>();
+    if rb == 0 || nb > 512 {
+        return false;
+    }
+    assert!(
+        x_q.iter().all(|x| x.len() >= xb),
+        "matvec: activation too short"
+    );
+    assert!(
+        y.iter().all(|y| y.len() == rows.len()),
+        "matvec: y must have one slot per row"
+    );
+    let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+    if !x.iter().all(|x| avx2::sign_trick_exact(t, x)) {
+        return false;
+    }
+    let mut y = y;
+    macro_rules! scaled {
+        ($cap:literal) => {{
+            // (Sized to the row: zeroing a large buffer per call would cost more than it saves
+            // on narrow matrices.)
+            let mut dx = [[0f32; MATVEC_TOKENS8]; $cap];
+            avx2::q8_0_token_scales(x, &mut dx[..nb]);
+            let dx = &dx[..nb];
+            for (i, wr) in w_rows.chunks_exact(rb).enumerate() {
+                let r = if w_ty == GgmlType::Q5_0 {
+                    avx2_quants::dot_q5_0_q8_0_x8_scaled(t, blocks(wr), x, dx)
+                } else {
+                    avx2::dot_q8_0_q8_0_x8_scaled(t, blocks(wr), x, dx)
+                };
+                for (yt, rt) in y.iter_mut().zip(r) {
+                    yt[i] = rt;
+                }
+            }
+        }};
+    }
+    match nb {
+        0..=32 => scaled!(32),
+        33..=128 => scaled!(128),
+        _ => scaled!(512),
+    }
+    true
 }
 
 impl Default for Kernels {
