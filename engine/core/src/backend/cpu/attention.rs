@@ -298,10 +298,7 @@ impl OpCtx<'_> {
         // value rows, widened from f16 once for all of them (each head's sums keep their order,
         // so the bits are those of one head at a time). The scratch holds `g` heads.
         let g = if batch {
-            (1..=group.min(self.exec.heads_together))
-                .rev()
-                .find(|g| group.is_multiple_of(*g))
-                .unwrap_or(1)
+            super::exec::heads_together_up_to(group, self.exec.heads_together)
         } else {
             1
         };

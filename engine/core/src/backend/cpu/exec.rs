@@ -74,7 +74,12 @@ pub const MAX_HEADS_TOGETHER: usize = 4;
 /// heads per KV head: the largest divisor of `group` up to [`MAX_HEADS_TOGETHER`]. They read the
 /// same key and value rows, which are widened from f16 once for all of them.
 pub fn heads_together(group: usize) -> usize {
-    (1..=MAX_HEADS_TOGETHER.min(group.max(1)))
+    heads_together_up_to(group, MAX_HEADS_TOGETHER)
+}
+
+/// The largest divisor of `group` (query heads per KV head) up to `cap` (at least 1).
+pub(super) fn heads_together_up_to(group: usize, cap: usize) -> usize {
+    (1..=cap.min(group.max(1)))
         .rev()
         .find(|g| group.is_multiple_of(*g))
         .unwrap_or(1)
