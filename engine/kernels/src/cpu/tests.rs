@@ -1026,6 +1026,8 @@ fn check_256_bit_choice_keeps_the_bits(wide: Kernels) {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::IQ4_NL,
     ] {
         let narrow =
             wide.with_256_bit(ty, Phase::Decode, true)
@@ -1102,12 +1104,12 @@ fn check_256_bit_choice_keeps_the_bits(wide: Kernels) {
 }
 
 /// A weight row of any type: quantized from random floats where a quantizer exists, else
-/// (k-quants, Q5_0) random bytes with finite f16 scales where the block keeps them.
+/// (k-quants, Q5_0, Q5_1, IQ4_NL) random bytes with finite f16 scales where the block keeps them.
 fn any_weight_row(r: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
     let scale_offsets: &[usize] = match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q6_K => &[208],
-        GgmlType::Q5_0 => &[0],
+        GgmlType::Q5_0 | GgmlType::IQ4_NL => &[0],
         _ => return weight_row(r, ty, n),
     };
     let mut b = r.bytes(bytes_of(ty, n));

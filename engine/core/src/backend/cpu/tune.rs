@@ -25,16 +25,22 @@ use crate::graph::WeightId;
 use crate::model::Model;
 
 /// Bump when a kernel changes enough to invalidate cached choices.
-const KERNEL_SET_VERSION: u32 = 3;
-/// The weight types whose AVX-512 and AVX2 kernels are timed against each other. Q5_0, Q5_1
-/// and IQ4_NL have AVX-512 kernels too but are not timed: they keep the set's own.
-const TYPES_WITH_AVX512: [GgmlType; 6] = [
+const KERNEL_SET_VERSION: u32 = 4;
+/// The weight types whose AVX-512 and AVX2 kernels are timed against each other: every type
+/// with an AVX-512 kernel in some phase (where a phase has none, both candidates run the same
+/// kernel and the choice does not matter). Q5_0, Q5_1 and IQ4_NL were not timed before the
+/// AVX2 set had its own 8-token Q5_0 kernel; on a Zen 4 CPU (512-bit integer instructions
+/// split in two halves) the AVX2 one can be the faster.
+const TYPES_WITH_AVX512: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
 ];
 /// Weight bytes one decode timing streams, over as many of the shape's matrices as it takes:
 /// past the caches, as decode streams the weights from memory.
