@@ -136,3 +136,114 @@ fn bad_constraints_exit_2_naming_the_problem() {
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
 }
+
+/// A constrained step asks the grammar about the best candidates before it computes a mask
+/// (the fast path); it must pick exactly the tokens the mask would. Compared here with the
+/// mask on every step (`EDGE_RUN_CONSTRAINT_CHECKS=0`), greedy and sampled, on a grammar with a
+/// lexeme per character, a list grammar and a schema with string lengths.
+#[test]
+fn asking_the_best_candidates_first_changes_no_token() {
+    let m = model();
+    let dir = repo().join("tests/reference");
+    let grammar = |g: &str| dir.join("grammars").join(g).to_str().unwrap().to_string();
+    let schema = dir.join("json-schemas/array_strings.json");
+    let cases: [(&str, String); 3] = [
+        ("--grammar-file", grammar("english.gbnf")),
+        ("--grammar-file", grammar("list.gbnf")),
+        ("--json-schema-file", schema.to_str().unwrap().to_string()),
+    ];
+    let mut decided_by_candidates = 0;
+    for (flag, file) in &cases {
+        for temp in ["0", "0.8"] {
+            let args = [
+                &m,
+                "--chat",
+                "-p",
+                "Name some fruits.",
+                "--temp",
+                temp,
+                "--seed",
+                "7",
+                "-n",
+                "24",
+                "-t",
+                "2",
+                "-v",
+                flag,
+                file,
+            ];
+            let out = |checks: &str| {
+                let o = Command::new(BIN)
+                    .args(args)
+                    .env_remove("RUST_LOG")
+                    .env("EDGE_RUN_CONSTRAINT_CHECKS", checks)
+                    .output()
+                    .unwrap();
+                let err = String::from_utf8_lossy(&o.stderr).into_owned();
+                assert!(o.status.success(), "{file} --temp {temp}: {err}");
+                (String::from_utf8_lossy(&o.stdout).into_owned(), err)
+            };
+            let (fast, log) = out("1");
+            let (masked, _) = out("0");
+            assert_eq!(fast, masked, "{file} --temp {temp}");
+            let n: u32 = log
+                .split("masks and ")
+                .nth(1)
+                .and_then(|s| s.split(' ').next())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("no constraint line in the log: {log}"));
+            decided_by_candidates += n;
+        }
+    }
+    assert!(
+        decided_by_candidates > 0,
+        "the fast path never decided a step"
+    );
+}
+
+/// Bounded repetitions of any length: `x{0,40}` of a class at the end of the grammar (no
+/// lexeme can take it whole) and `(...){0,12}` of a group. Spelled out as nested optionals,
+/// these went past llguidance's nesting limit ("lark grammar too deeply nested").
+#[test]
+fn long_bounded_repetitions_constrain_the_output() {
+    let m = model();
+    for (grammar, ok) in [
+        (
+            r#"root ::= "Fruits:" [a-z ]{0,40}"#,
+            (|s: &str| {
+                s.strip_prefix("Fruits:").is_some_and(|r| {
+                    r.len() <= 40 && r.bytes().all(|b| b == b' ' || b.is_ascii_lowercase())
+                })
+            }) as fn(&str) -> bool,
+        ),
+        (r#"root ::= ([a-z]{1,10} ", "){0,12} "end""#, |s: &str| {
+            let Some(items) = s.strip_suffix("end") else {
+                return false;
+            };
+            let parts: Vec<&str> = items.split(", ").collect();
+            let (last, rest) = parts.split_last().unwrap();
+            last.is_empty()
+                && rest.len() <= 12
+                && rest.iter().all(|p| {
+                    (1..=10).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_lowercase())
+                })
+        }),
+    ] {
+        let (code, out, err) = run(&[
+            &m,
+            "--chat",
+            "-p",
+            "Name some fruits.",
+            "--temp",
+            "0",
+            "-n",
+            "80",
+            "-t",
+            "2",
+            "--grammar",
+            grammar,
+        ]);
+        assert_eq!(code, Some(0), "{grammar}: {err}");
+        assert!(ok(&out), "{grammar}: {out:?}");
+    }
+}

@@ -431,9 +431,9 @@ impl Generator<'_> {
         self.stop = Some(reason);
         self.session.end_steps();
         if let Some(g) = &self.guide {
-            let (n, busy) = g.stats();
+            let (n, checked, busy) = g.stats();
             log::info!(
-                "constraint: {n} masks over {} tokens, {:.1} µs per token in the constraint",
+                "constraint: {n} masks and {checked} steps decided by their best candidates over {} tokens, {:.1} µs per token in the constraint",
                 self.n_tokens,
                 busy.as_secs_f64() * 1e6 / self.n_tokens.max(1) as f64
             );

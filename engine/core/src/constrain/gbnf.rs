@@ -386,28 +386,17 @@ impl Parser<'_> {
                     return Err(self.err(at, "a repetition's maximum is below its minimum"));
                 }
                 let one = format!("({atom})");
-                let mut parts = vec![one.clone(); min];
-                match max {
-                    None => parts.push(format!("{one}*")),
-                    Some(m) => {
-                        // Nested optionals: x{0,3} = (x (x (x)?)?)?, no ambiguity to parse.
-                        let mut opt = String::new();
-                        for _ in min..m {
-                            opt = if opt.is_empty() {
-                                format!("({one})?")
-                            } else {
-                                format!("({one} {opt})?")
-                            };
-                        }
-                        if !opt.is_empty() {
-                            parts.push(opt);
-                        }
+                let text = match max {
+                    None => {
+                        let mut parts = vec![one.clone(); min];
+                        parts.push(format!("{one}*"));
+                        format!("({})", parts.join(" "))
                     }
-                }
-                let text = if parts.is_empty() {
-                    "\"\"".to_string()
-                } else {
-                    format!("({})", parts.join(" "))
+                    Some(0) => "\"\"".to_string(),
+                    // Lark's own range, which llguidance expands without nesting: spelled out
+                    // as nested optionals, x{0,40} went past its parser's nesting limit
+                    // ("lark grammar too deeply nested").
+                    Some(m) => format!("({one}{{{min},{m}}})"),
                 };
                 (text, regular(min, max).filter(|_| max != Some(0)))
             }

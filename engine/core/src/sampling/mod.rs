@@ -170,6 +170,17 @@ pub struct DeviceSampling {
     pub ln_min_p: Option<f32>,
 }
 
+/// What a constraint says of one candidate token ([`Sampler::sample_checked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not allowed here.
+    Refused,
+    /// Allowed, and not an end-of-generation token.
+    Text,
+    /// An end-of-generation token, allowed here.
+    EndOfGeneration,
+}
+
 /// One candidate token: its id and its (penalised, sanitised) logit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Cand {
@@ -309,10 +320,20 @@ impl Sampler {
             0 => n,
             k => k.min(n),
         };
-        if k < n {
+        self.sort_best(k);
+        self.truncate_sorted(k)
+    }
+
+    /// Puts the `k` best candidates first, sorted by descending logit (ties: ascending id).
+    fn sort_best(&mut self, k: usize) {
+        if k < self.cand.len() {
             self.cand.select_nth_unstable_by(k - 1, by_logit_desc);
         }
         self.cand[..k].sort_unstable_by(by_logit_desc);
+    }
+
+    /// Top-p and min-p over `cand[..k]`, the top-k candidates in order; returns how many stay.
+    fn truncate_sorted(&mut self, k: usize) -> usize {
         // -inf candidates can never be drawn.
         let mut kept = self.cand[..k]
             .iter()
@@ -377,6 +398,95 @@ impl Sampler {
         // Rounding: fall back on the last candidate with non-zero weight.
         let last = self.probs.iter().rposition(|&p| p > 0.0).unwrap_or(0);
         self.cand[last].id
+    }
+
+    /// [`Sampler::sample`] of `logits` with every token that `check` refuses at -inf, decided
+    /// from the best candidates alone where they suffice: `Ok(None)` where they do not (then
+    /// the caller masks the logits and calls `sample`; nothing has changed here). Where it
+    /// returns a token, it is the one `sample` of the masked logits gives, and the generator
+    /// has advanced as that call's would.
+    ///
+    /// Greedy asks about the argmax, then the next best in order (up to `extra_checks` more):
+    /// the first allowed one is the masked argmax, if it is text. Otherwise, with top-k on, the candidates are
+    /// asked best first, at most `top_k + extra_checks` of them, until `top_k` are allowed:
+    /// those decide everything after top-k. The masked path takes the only allowed token
+    /// without sampling (no draw), so a result also needs two allowed candidates, one of them
+    /// text. `check` tells an end-of-generation token apart ([`Verdict::EndOfGeneration`]).
+    pub fn sample_checked<E>(
+        &mut self,
+        logits: &[f32],
+        extra_checks: usize,
+        mut check: impl FnMut(u32) -> std::result::Result<Verdict, E>,
+    ) -> std::result::Result<Option<u32>, E> {
+        let n = self.prepare(logits);
+        if n == 0 {
+            return Ok(None);
+        }
+        let t = self.cfg.temperature;
+        if !(t > 0.0 && t.is_finite()) {
+            let best = self.argmax();
+            // All -inf: the masked argmax is token 0, allowed or not; leave that to the mask.
+            if self.cand[best as usize].logit == f32::NEG_INFINITY {
+                return Ok(None);
+            }
+            // An allowed end of generation is left to the mask too: where nothing else is
+            // allowed, the masked path takes the first EOG token, not the best.
+            match check(best)? {
+                Verdict::Text => return Ok(Some(best)),
+                Verdict::EndOfGeneration => return Ok(None),
+                Verdict::Refused => {}
+            }
+            // The next best, in order: the first allowed one is the masked argmax.
+            let m = extra_checks.saturating_add(1).min(n);
+            self.sort_best(m);
+            for i in 1..m {
+                let c = self.cand[i];
+                if c.logit == f32::NEG_INFINITY {
+                    break;
+                }
+                match check(c.id)? {
+                    Verdict::Text => return Ok(Some(c.id)),
+                    Verdict::EndOfGeneration => return Ok(None),
+                    Verdict::Refused => {}
+                }
+            }
+            return Ok(None);
+        }
+        let k = match self.cfg.top_k {
+            0 => return Ok(None),
+            k => k.min(n),
+        };
+        let m = k.saturating_add(extra_checks).min(n);
+        self.sort_best(m);
+        let (mut found, mut text) = (0, 0);
+        // Decided once `k` allowed are found, or every finite candidate was asked (the rest of
+        // the masked logits are -inf, so they are never drawn).
+        let mut decided = m == n;
+        for i in 0..m {
+            if found == k {
+                decided = true;
+                break;
+            }
+            let c = self.cand[i];
+            if c.logit == f32::NEG_INFINITY {
+                decided = true;
+                break;
+            }
+            match check(c.id)? {
+                Verdict::Refused => {}
+                v => {
+                    text += usize::from(v == Verdict::Text);
+                    self.cand[found] = c;
+                    found += 1;
+                }
+            }
+        }
+        decided |= found == k;
+        if !decided || found < 2 || text == 0 {
+            return Ok(None);
+        }
+        let kept = self.truncate_sorted(found);
+        Ok(Some(self.draw(kept, t)))
     }
 
     /// What [`Sampler::sample`] needs besides the logits, for a sampler that holds the logits

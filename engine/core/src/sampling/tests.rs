@@ -504,3 +504,152 @@ fn sample_with_draw_advances_the_generator_as_sample() {
     let e = a.sample_with_draw(|_| Err::<(u32, bool), _>("device error"));
     assert_eq!(e, Err("device error"));
 }
+
+/// What a constrained step did before [`Sampler::sample_checked`] (`Guide::choose`, then
+/// `sample`): the only allowed text token, or an end-of-generation token where nothing else
+/// is allowed, without sampling; otherwise `sample` of the logits with every refused token at
+/// -inf (end-of-generation tokens kept where the grammar accepts).
+fn sample_masked(
+    s: &mut Sampler,
+    logits: &[f32],
+    text: &[bool],
+    eog: &[u32],
+    accepts: bool,
+) -> u32 {
+    let n_text = (0..logits.len())
+        .filter(|&i| text[i] && !eog.contains(&(i as u32)))
+        .count();
+    if n_text == 0 && accepts {
+        return eog[0];
+    }
+    if n_text == 1 && !accepts {
+        return (0..logits.len())
+            .find(|&i| text[i] && !eog.contains(&(i as u32)))
+            .unwrap() as u32;
+    }
+    let masked: Vec<f32> = (0..logits.len())
+        .map(|i| {
+            let allowed = if eog.contains(&(i as u32)) {
+                accepts
+            } else {
+                text[i]
+            };
+            if allowed {
+                logits[i]
+            } else {
+                f32::NEG_INFINITY
+            }
+        })
+        .collect();
+    s.sample(&masked)
+}
+
+#[test]
+fn sample_checked_equals_sampling_the_masked_logits() {
+    // Random vocabularies, logits (ties, -inf, NaN), allowed sets from dense to one token,
+    // end-of-generation tokens accepted or not, and every sampler setting: wherever
+    // `sample_checked` decides, it picks what the masked path picks, and the generator is left
+    // where that path leaves it (the next draw agrees).
+    let mut rng = Xoshiro256::new(99);
+    let mut r = move || rng.next_f64();
+    let (mut decided, mut trials) = (0, 0);
+    for trial in 0..4000 {
+        let n = 2 + (r() * 300.0) as usize;
+        let logits: Vec<f32> = (0..n)
+            .map(|_| match (r() * 40.0) as u32 {
+                0 => f32::NEG_INFINITY,
+                1 => f32::NAN,
+                2 => 1.5,
+                _ => (r() * 12.0 - 6.0) as f32,
+            })
+            .collect();
+        let density = [1.0, 0.6, 0.2, 0.03, 0.0][trial % 5];
+        let mut text: Vec<bool> = (0..n).map(|_| r() < density).collect();
+        if trial % 7 == 0 {
+            let only = (r() * n as f64) as usize;
+            text.iter_mut()
+                .enumerate()
+                .for_each(|(i, t)| *t = i == only);
+        }
+        let eog = vec![(n - 1) as u32, (n / 2) as u32];
+        let accepts = r() < 0.5;
+        if !text.iter().any(|&t| t) && !accepts {
+            continue; // the grammar allows nothing: an error either way
+        }
+        let cfg = SamplerConfig {
+            temperature: [0.0, 0.7, 1.0, 1.5][trial % 4],
+            top_k: [0, 1, 3, 10, 40][(trial / 4) % 5],
+            top_p: if r() < 0.5 {
+                1.0
+            } else {
+                0.5 + r() as f32 * 0.5
+            },
+            min_p: if r() < 0.5 { 0.0 } else { r() as f32 * 0.3 },
+            repeat_penalty: if r() < 0.3 { 1.3 } else { 1.0 },
+            repeat_last_n: 8,
+            seed: trial as u64,
+        };
+        let mut a = Sampler::new(cfg.clone(), n);
+        let mut b = Sampler::new(cfg, n);
+        for _ in 0..(r() * 6.0) as usize {
+            let t = (r() * n as f64) as u32;
+            a.accept(t);
+            b.accept(t);
+        }
+        trials += 1;
+        let got = a
+            .sample_checked(&logits, 16, |t| {
+                Ok::<_, ()>(if eog.contains(&t) {
+                    if accepts {
+                        Verdict::EndOfGeneration
+                    } else {
+                        Verdict::Refused
+                    }
+                } else if text[t as usize] {
+                    Verdict::Text
+                } else {
+                    Verdict::Refused
+                })
+            })
+            .unwrap();
+        let Some(got) = got else { continue };
+        decided += 1;
+        let want = sample_masked(&mut b, &logits, &text, &eog, accepts);
+        assert_eq!(got, want, "trial {trial}: n {n}, {:?}", a.config());
+        let next: Vec<f32> = (0..n).map(|i| (i as f32 * 0.77).sin()).collect();
+        assert_eq!(
+            a.sample(&next),
+            b.sample(&next),
+            "trial {trial}: the next draw"
+        );
+    }
+    // Many trials are ones it declines by design (top-k off, sparse allowed sets, a lone
+    // allowed token); enough must be decided for the comparison to mean something.
+    assert!(decided * 5 > trials, "{decided} of {trials} decided");
+    // Where the grammar allows most tokens, as in free text, it decides nearly every step.
+    for (temperature, top_k) in [(0.0, 40), (0.8, 40)] {
+        let cfg = SamplerConfig {
+            temperature,
+            top_k,
+            ..SamplerConfig::default()
+        };
+        let mut s = Sampler::new(cfg, 1000);
+        let decided = (0..100)
+            .filter(|&i| {
+                let logits: Vec<f32> = (0..1000)
+                    .map(|j| ((i * 31 + j * 7) % 97) as f32 / 9.0)
+                    .collect();
+                s.sample_checked(&logits, 16, |t| {
+                    Ok::<_, ()>(if t % 10 == 3 {
+                        Verdict::Refused
+                    } else {
+                        Verdict::Text
+                    })
+                })
+                .unwrap()
+                .is_some()
+            })
+            .count();
+        assert_eq!(decided, 100, "temperature {temperature}");
+    }
+}
