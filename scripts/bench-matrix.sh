@@ -21,6 +21,7 @@
 #   THREADS  threads for both engines (default: the CPUs, nproc)
 #   EDGE_RUN an edge-run binary to use instead of building target/release/edge-run
 #   RAW      a directory to keep every tool's JSON output in (default: a temporary one)
+#   PEER_BIN llama.cpp's tools from another build than ../shared/peer's (see side-by-side.sh)
 # Needs python3 (with gguf and numpy to make the files), cargo and the peer llama.cpp
 # (../shared/peer/build-llama-cpp.sh).
 set -euo pipefail
@@ -69,7 +70,7 @@ else
   [ ${#MATRIX[@]} -gt 0 ] || { echo "error: scripts/make-bench-models.sh wrote no files" >&2; exit 1; }
 fi
 
-PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
+PEER_BIN=${PEER_BIN:-$(../shared/peer/build-llama-cpp.sh)}
 LLAMA_BENCH=$PEER_BIN/llama-bench
 [ -x "$LLAMA_BENCH" ] || { echo "error: $LLAMA_BENCH not found after building the peer" >&2; exit 1; }
 if [ -z "${EDGE_RUN:-}" ]; then

@@ -8,9 +8,11 @@ need_model() {
 }
 
 # use_peer TOOL...: builds llama.cpp once per machine (../shared/peer/build-llama-cpp.sh), sets
-# PEER_BIN to its tools and exits 1 if one of the TOOLs is not among them.
+# PEER_BIN to its tools and exits 1 if one of the TOOLs is not among them. A PEER_BIN already
+# set names another build of it (the shared build turns on AVX-VNNI wherever AVX-512 is
+# present, and its tools die of an illegal instruction on a CPU without it: AMD Zen 4).
 use_peer() {
-  PEER_BIN=$(../shared/peer/build-llama-cpp.sh)
+  PEER_BIN=${PEER_BIN:-$(../shared/peer/build-llama-cpp.sh)}
   local tool
   for tool in "$@"; do
     [ -x "$PEER_BIN/$tool" ] || { echo "error: $PEER_BIN/$tool not found after building the peer" >&2; exit 1; }

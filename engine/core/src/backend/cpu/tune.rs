@@ -246,17 +246,34 @@ fn cache_key(cpu: &str, s: Shape, phase: Phase) -> String {
     )
 }
 
-/// The CPU's model name (`/proc/cpuinfo`), or the architecture where that cannot be read.
+/// The CPU's model name with its family, model and stepping numbers (`/proc/cpuinfo`), or the
+/// architecture where that cannot be read. The numbers matter: virtual machines often report
+/// only a generic name ("AMD EPYC" for Zen 1 and Zen 4 alike), whose kernels differ in speed.
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().replace('\t', " "))
-        })
+        .and_then(|s| cpu_model_from(&s))
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn cpu_model_from(cpuinfo: &str) -> Option<String> {
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim().replace('\t', " "))
+        })
+    };
+    let mut id = field("model name")?;
+    for (label, name) in [
+        ("family", "cpu family"),
+        ("model", "model"),
+        ("stepping", "stepping"),
+    ] {
+        if let Some(v) = field(name) {
+            id.push_str(&format!(" {label} {v}"));
+        }
+    }
+    Some(id)
 }
 
 fn cache_path() -> Option<PathBuf> {
@@ -327,6 +344,16 @@ fn write_cache(path: &PathBuf, cache: &BTreeMap<String, [f64; 2]>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_key_holds_family_model_and_stepping() {
+        let info = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nstepping\t: 1\n";
+        assert_eq!(
+            cpu_model_from(info).as_deref(),
+            Some("AMD EPYC family 25 model 17 stepping 1")
+        );
+        assert_eq!(cpu_model_from("flags\t: avx2\n"), None);
+    }
 
     #[test]
     fn cache_round_trips_and_ignores_damage() {
