@@ -407,11 +407,12 @@ impl Sampler {
     /// has advanced as that call's would.
     ///
     /// Greedy asks about the argmax, then the next best in order (up to `extra_checks` more):
-    /// the first allowed one is the masked argmax, if it is text. Otherwise, with top-k on, the candidates are
-    /// asked best first, at most `top_k + extra_checks` of them, until `top_k` are allowed:
-    /// those decide everything after top-k. The masked path takes the only allowed token
-    /// without sampling (no draw), so a result also needs two allowed candidates, one of them
-    /// text. `check` tells an end-of-generation token apart ([`Verdict::EndOfGeneration`]).
+    /// the first allowed one is the masked argmax, if it is text. Otherwise, with top-k on,
+    /// the candidates are asked best first, at most `top_k + extra_checks` of them, until
+    /// `top_k` are allowed: those decide everything after top-k. The masked path takes the
+    /// only allowed token without sampling (no draw), so a result also needs two allowed
+    /// candidates, one of them text. `check` tells an end-of-generation token apart
+    /// ([`Verdict::EndOfGeneration`]).
     pub fn sample_checked<E>(
         &mut self,
         logits: &[f32],
