@@ -37,7 +37,8 @@ pub(crate) enum Choice {
 enum Checked {
     /// The step's token.
     Token(u32),
-    /// The grammar forces bytes here: the mask decides (it holds their canonical token).
+    /// The grammar forces bytes here, and llguidance may force tokens: the mask decides (it
+    /// holds their canonical token).
     BytesForced,
     /// The candidates asked did not decide the step.
     Undecided,
@@ -60,6 +61,9 @@ pub(crate) struct Guide {
     backoff: u32,
     /// The fast path off (`EDGE_RUN_CONSTRAINT_CHECKS=0`): every step computes the mask.
     mask_only: bool,
+    /// Whether llguidance may force tokens (a canonical tokenizer environment; see
+    /// [`Guide::sample`]).
+    may_force: bool,
 }
 
 impl Guide {
@@ -74,7 +78,6 @@ impl Guide {
             _ => Phase::Active,
         };
         Ok(Guide {
-            matcher,
             phase,
             masked: vec![f32::NEG_INFINITY; vocab.trie().vocab_size()],
             eog: vocab.eog_tokens().to_vec(),
@@ -84,6 +87,10 @@ impl Guide {
             skip: 0,
             backoff: 0,
             mask_only: std::env::var("EDGE_RUN_CONSTRAINT_CHECKS").is_ok_and(|v| v == "0"),
+            may_force: matcher
+                .tok_env()
+                .map_or(true, |e| e.tokenize_is_canonical()),
+            matcher,
         })
     }
 
@@ -166,9 +173,14 @@ impl Guide {
     /// step first asks about the best candidates ([`Sampler::sample_checked`]: greedy's
     /// argmax; with top-k, the best until `top_k` are allowed) and computes the mask only
     /// where they do not decide the step. Both give the same token and the same generator
-    /// state (tested: `sample_checked_equals_sampling_the_masked_logits`). Where bytes are
-    /// forced, llguidance's mask holds only the canonical token for them, which asking about
-    /// single tokens would not reproduce: such steps take the mask (a cheap one).
+    /// state (tested: `sample_checked_equals_sampling_the_masked_logits`). That needs the mask
+    /// to be the byte-level relation `validate_tokens` checks, which it is with edge-run's
+    /// vocabulary: an approximate, non-canonical tokenizer environment, for which llguidance
+    /// never forces tokens (its forcing is gated on a canonical tokenizer). With a canonical
+    /// one (`may_force`), a step where the grammar forces bytes gets a mask of only their
+    /// canonical token, which single-token questions would not reproduce: such steps would
+    /// take the mask. Asking llguidance for the forced bytes pushes them into its parser, so
+    /// that is done only then.
     pub(crate) fn sample(
         &mut self,
         logits: &[f32],
@@ -209,7 +221,7 @@ impl Guide {
         logits: &[f32],
         sampler: &mut Sampler,
     ) -> Result<Checked, ConstraintError> {
-        if !self.matcher.compute_ff_bytes().is_empty() {
+        if self.may_force && !self.matcher.compute_ff_bytes().is_empty() {
             return Ok(Checked::BytesForced);
         }
         if let Some(e) = self.matcher.get_error() {
