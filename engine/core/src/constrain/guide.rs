@@ -229,39 +229,27 @@ impl Guide {
         }
         let (matcher, eog) = (&mut self.matcher, &self.eog);
         let n_vocab = self.masked.len();
-        // Whether the grammar accepts here: the mask then allows every EOG token.
+        // Whether the grammar accepts here (the mask then allows every EOG token), asked once.
         let mut accepts: Option<bool> = None;
         sampler
             .sample_checked(logits, EXTRA_CHECKS, |token| {
                 if (token as usize) >= n_vocab {
-                    return Ok(Verdict::Refused);
-                }
-                if eog.contains(&token) {
+                    Ok(Verdict::Refused)
+                } else if eog.contains(&token) {
                     let ok = match accepts {
                         Some(ok) => ok,
-                        None => {
-                            let mut ok = false;
-                            for &e in eog {
-                                if (e as usize) < n_vocab && valid(matcher, e)? {
-                                    ok = true;
-                                    break;
-                                }
-                            }
-                            accepts = Some(ok);
-                            ok
-                        }
+                        None => *accepts.insert(accepts_end(matcher, eog, n_vocab)?),
                     };
-                    return Ok(if ok {
+                    Ok(if ok {
                         Verdict::EndOfGeneration
                     } else {
                         Verdict::Refused
-                    });
-                }
-                Ok(if valid(matcher, token)? {
-                    Verdict::Text
+                    })
+                } else if valid(matcher, token)? {
+                    Ok(Verdict::Text)
                 } else {
-                    Verdict::Refused
-                })
+                    Ok(Verdict::Refused)
+                }
             })
             .map(|t| t.map_or(Checked::Undecided, Checked::Token))
     }
@@ -340,6 +328,21 @@ fn valid(matcher: &mut Matcher, token: u32) -> Result<bool, ConstraintError> {
         .validate_tokens(&[token])
         .map(|n| n == 1)
         .map_err(|e| ConstraintError::new("constrained decoding", e.to_string()))
+}
+
+/// Whether the grammar allows one of the end-of-generation tokens `eog` next, as the mask
+/// decides it: any of them (the mask path then allows all).
+fn accepts_end(
+    matcher: &mut Matcher,
+    eog: &[u32],
+    n_vocab: usize,
+) -> Result<bool, ConstraintError> {
+    for &e in eog {
+        if (e as usize) < n_vocab && valid(matcher, e)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
