@@ -235,6 +235,205 @@ pub(super) unsafe fn dot_q8_0_q8_0_rows2(w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0]) 
     unsafe { [hsum(acc0), hsum(acc1)] }
 }
 
+/// How far ahead of the block being read the tile kernels ask for weight bytes: a tile of 4
+/// rows reads 4 rows' bytes per pass over the blocks, so the one-token distance would not cover
+/// the memory latency.
+const TILE_PREFETCH_DISTANCE: usize = 8192;
+
+/// Hints the CPU to fetch the cache line `TILE_PREFETCH_DISTANCE` bytes after `block`.
+#[inline(always)]
+fn prefetch_tile<T>(block: &T) {
+    let ahead = (block as *const T)
+        .cast::<i8>()
+        .wrapping_add(TILE_PREFETCH_DISTANCE);
+    // SAFETY: a prefetch reads nothing architecturally and cannot fault, whatever the address
+    // (`wrapping_add` keeps the pointer arithmetic itself defined).
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+}
+
+/// Four Q8_1 activation rows' block scales as f32, for [`dot_q4_1_q8_1_tile`]:
+/// `out[i] = [d_0, d_1, d_2, d_3, s_0, s_1, s_2, s_3]` of block `i` (the f16 values converted
+/// exactly), formed once per matrix call instead of once per weight row.
+///
+/// # Panics
+/// If a row has fewer than `out.len()` blocks.
+pub(super) fn q8_1_token_scales(x: [&[BlockQ8_1]; 4], out: &mut [[f32; 8]]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        for t in 0..4 {
+            o[t] = f16_le(x[t][i].d);
+            o[4 + t] = f16_le(x[t][i].s);
+        }
+    }
+}
+
+/// Q4_1 . Q8_1 of `R` weight rows (1 to 4) with 4 tokens: `out[r][t]`, each bit-identical to
+/// the one-token AVX2 kernel's dot of row `r` with token `t`.
+///
+/// The one-token kernel keeps 8 lanes per (row, token), each `fma(d_w * d_x, sum, acc)` per
+/// block, and `m_w * s_x` summed apart; both products are exact in f32 (two f16 significands
+/// fit in 24 bits), so they may be formed anywhere. Here a block's `R x 4` products of each
+/// kind are one 512-bit multiply (the tokens' scales come converted from
+/// [`q8_1_token_scales`]); the `d` products go through a small stack buffer so that each
+/// (row, token) `fma` takes its scale as a broadcast load (a load port, not a shuffle), and the
+/// 4 activation blocks are loaded once for the `R` rows. Measured on SmolLM2's matrices (Zen 4)
+/// against [`dot_q4_1_q8_1_x4`], one row at a time with the scales gathered per row: see
+/// `bench_matvec_tokens4`.
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`]; every `w[r].len()` equals
+/// `w[0].len()`, and `x[t].len()` and `scales.len()` are at least that.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize>(
+    w: [&[BlockQ4_1]; R],
+    x: [&[BlockQ8_1]; 4],
+    scales: &[[f32; 8]],
+) -> [[f32; 4]; R] {
+    const { assert!(R >= 1 && R <= 4) };
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    let mut acc_m = _mm512_setzero_ps();
+    // Lane 4r + t of the products: row r's d (or m) times token t's.
+    let idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    let idx_m = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
+    let nb = w[0].len();
+    // The `d` products of a chunk of blocks, formed first: read back by a variable index, the
+    // buffer stays in memory, so each `fma` takes its scale as a broadcast load (a load port)
+    // instead of a shuffle, and the 16 accumulators keep their registers.
+    const CHUNK: usize = 16;
+    // Entry i - c0 is written before it is read (uninitialized: zeroing 1 KiB per call costs
+    // more than a short row's work is worth).
+    let mut pd = [std::mem::MaybeUninit::<[f32; 16]>::uninit(); CHUNK];
+    for c0 in (0..nb).step_by(CHUNK) {
+        let c1 = nb.min(c0 + CHUNK);
+        for i in c0..c1 {
+            let dm: [i32; 4] = std::array::from_fn(|r| {
+                if r < R {
+                    // SAFETY: i < w[r].len() (caller).
+                    let b = unsafe { w[r].get_unchecked(i) };
+                    // Decode of several sessions streams the weights from memory: the rows
+                    // are read side by side, which the hardware prefetchers follow badly.
+                    prefetch_tile(b);
+                    i32::from_le_bytes([b.d[0], b.d[1], b.m[0], b.m[1]])
+                } else {
+                    0
+                }
+            });
+            // [d_0, m_0, d_1, m_1, ..] of the rows.
+            let wdm =
+                _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_setr_epi32(dm[0], dm[1], dm[2], dm[3])));
+            // SAFETY: i < scales.len() (caller); each entry is 8 f32; loadu has no alignment
+            // requirement.
+            let (xd, xs) = unsafe {
+                let sc = scales.get_unchecked(i).as_ptr();
+                (
+                    _mm512_broadcast_f32x4(_mm_loadu_ps(sc)),
+                    _mm512_broadcast_f32x4(_mm_loadu_ps(sc.add(4))),
+                )
+            };
+            let p = _mm512_mul_ps(_mm512_permutexvar_ps(idx_d, wdm), xd);
+            acc_m = _mm512_add_ps(acc_m, _mm512_mul_ps(_mm512_permutexvar_ps(idx_m, wdm), xs));
+            // SAFETY: i - c0 < CHUNK; each entry is 16 f32; storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(pd.get_unchecked_mut(i - c0).as_mut_ptr().cast(), p) };
+        }
+        for i in c0..c1 {
+            // SAFETY: i < x[t].len() (caller).
+            let y = x.map(|r| unsafe { load_q8(&r.get_unchecked(i).qs) });
+            // SAFETY: i - c0 < CHUNK, and entry i - c0 was written by the loop above.
+            let p = unsafe { pd.get_unchecked(i - c0).assume_init_ref() };
+            for r in 0..R {
+                // SAFETY: i < w[r].len() (caller); AVX2 is among this function's features.
+                let q = unsafe { nibbles(&w[r].get_unchecked(i).qs) };
+                for t in 0..4 {
+                    let prod = _mm256_dpbusd_epi32(zero, q, y[t]);
+                    // SAFETY: 4r + t < 16.
+                    let d = unsafe { _mm256_broadcast_ss(p.get_unchecked(4 * r + t)) };
+                    acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[r][t]);
+                }
+            }
+        }
+    }
+    let mut m = [0.0f32; 16];
+    // SAFETY: `m` has 16 f32; storeu has no alignment requirement.
+    unsafe { _mm512_storeu_ps(m.as_mut_ptr(), acc_m) };
+    // SAFETY: AVX2 is among this function's features.
+    std::array::from_fn(|r| std::array::from_fn(|t| unsafe { hsum(acc[r][t]) } + m[4 * r + t]))
+}
+
+/// Q8_0 . Q8_0 of `R` weight rows (1 to 4) with 4 tokens, as [`dot_q4_1_q8_1_tile`]:
+/// `out[r][t]` bit-identical to the one-token AVX2 kernel's dot where no activation quant is
+/// -128 (its `sign` / `maddubs` trick is exact there; the caller checks). `vpdpbusd` takes an
+/// unsigned left operand, so the weights are biased by 128 (`xor 0x80`); each (row, token) sum
+/// starts from `-128 * sum(y)` of its four elements, formed once per token and block for all
+/// rows (exact: every i32 lane stays within 4 * 255 * 128). `dx[i][t]` is token `t`'s scale of
+/// block `i` (`avx2::q8_0_token_scales`).
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`]; every `w[r].len()` equals
+/// `w[0].len()`, and `x[t].len()` and `dx.len()` are at least that.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q8_0_q8_0_tile<const R: usize>(
+    w: [&[BlockQ8_0]; R],
+    x: [&[BlockQ8_0]; 4],
+    dx: &[[f32; 4]],
+) -> [[f32; 4]; R] {
+    const { assert!(R >= 1 && R <= 4) };
+    let zero = _mm256_setzero_si256();
+    let bias = _mm256_set1_epi8(i8::MIN);
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    // Lane 4r + t of the products: row r's d times token t's.
+    let idx_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let nb = w[0].len();
+    // As in `dot_q4_1_q8_1_tile`: the products of a chunk of blocks first, read back as
+    // broadcast loads.
+    const CHUNK: usize = 16;
+    let mut pd = [std::mem::MaybeUninit::<[f32; 16]>::uninit(); CHUNK];
+    for c0 in (0..nb).step_by(CHUNK) {
+        let c1 = nb.min(c0 + CHUNK);
+        for i in c0..c1 {
+            let d: [i16; 4] = std::array::from_fn(|r| {
+                if r < R {
+                    // SAFETY: i < w[r].len() (caller).
+                    let b = unsafe { w[r].get_unchecked(i) };
+                    // Decode of several sessions streams the weights from memory: the rows
+                    // are read side by side, which the hardware prefetchers follow badly.
+                    prefetch_tile(b);
+                    i16::from_le_bytes(b.d)
+                } else {
+                    0
+                }
+            });
+            let wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_setr_epi16(
+                d[0], d[1], d[2], d[3], 0, 0, 0, 0,
+            )));
+            // SAFETY: i < dx.len() (caller); 4 readable f32; loadu needs no alignment.
+            let xd = unsafe { _mm512_broadcast_f32x4(_mm_loadu_ps(dx.get_unchecked(i).as_ptr())) };
+            let p = _mm512_mul_ps(_mm512_permutexvar_ps(idx_d, wd), xd);
+            // SAFETY: i - c0 < CHUNK; each entry is 16 f32; storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(pd.get_unchecked_mut(i - c0).as_mut_ptr().cast(), p) };
+        }
+        for i in c0..c1 {
+            // SAFETY: i < x[t].len() (caller); AVX2 is among this function's features.
+            let y = x.map(|r| unsafe { load_q8(&r.get_unchecked(i).qs) });
+            let start = y.map(|y| _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, bias, y)));
+            // SAFETY: i - c0 < CHUNK, and entry i - c0 was written by the loop above.
+            let p = unsafe { pd.get_unchecked(i - c0).assume_init_ref() };
+            for r in 0..R {
+                // SAFETY: i < w[r].len() (caller); AVX2 is among this function's features.
+                let a = unsafe { load_q8(&w[r].get_unchecked(i).qs) };
+                let a = _mm256_xor_si256(a, bias);
+                for t in 0..4 {
+                    let prod = _mm256_dpbusd_epi32(start[t], a, y[t]);
+                    // SAFETY: 4r + t < 16.
+                    let d = unsafe { _mm256_broadcast_ss(p.get_unchecked(4 * r + t)) };
+                    acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[r][t]);
+                }
+            }
+        }
+    }
+    // SAFETY: AVX2 is among this function's features.
+    std::array::from_fn(|r| std::array::from_fn(|t| unsafe { hsum(acc[r][t]) }))
+}
+
 /// Q4_1 . Q8_1 of one weight row with 4 tokens, two per 512-bit register.
 ///
 /// # Safety

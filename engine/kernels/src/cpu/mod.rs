@@ -1040,6 +1040,10 @@ impl Kernels {
                 }};
             }
             match w_ty {
+                GgmlType::Q4_1 if N == MATVEC_TOKENS && t.avx512() => {
+                    let x4: [&[u8]; MATVEC_TOKENS] = std::array::from_fn(|k| x[k]);
+                    avx512_q4_1_tokens4(t, w, rb, x4.map(blocks), to_four(y));
+                }
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
                 // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
                 GgmlType::Q4_0 | GgmlType::IQ4_NL if repacked => {
@@ -1089,6 +1093,11 @@ impl Kernels {
                     }
                     // N is at most MATVEC_TOKENS here (checked on entry), as the scaled
                     // kernels require.
+                    if sign_ok && !q5 && N == MATVEC_TOKENS && t.avx512() && nb <= 512 {
+                        let x4: [&[u8]; MATVEC_TOKENS] = std::array::from_fn(|k| x[k]);
+                        avx512_q8_0_tokens4(w, rb, x4.map(blocks), to_four(y));
+                        return true;
+                    }
                     match (sign_ok, nb) {
                         (true, 0..=32) => scaled!(32),
                         (true, 33..=128) => scaled!(128),
@@ -1105,6 +1114,113 @@ impl Kernels {
         let _ = (w_ty, n, w, x_q, rows, y);
         false
     }
+}
+
+/// [`Kernels::matvec_tokens`] of Q4_1 weights with 4 tokens and AVX-512: the tokens' block
+/// scales converted once, then tiles of 4 weight rows (2, 1 for the rest) through
+/// `avx512::dot_q4_1_q8_1_tile`. `w` holds whole rows of `rb` bytes.
+#[cfg(target_arch = "x86_64")]
+fn avx512_q4_1_tokens4(
+    t: x86::Token,
+    w: &[u8],
+    rb: usize,
+    x: [&[BlockQ8_1]; MATVEC_TOKENS],
+    y: [&mut [f32]; MATVEC_TOKENS],
+) {
+    let nb = rb / std::mem::size_of::<BlockQ4_1>();
+    let n_rows = w.len() / rb;
+    let row = |r: usize| blocks::<BlockQ4_1>(&w[r * rb..(r + 1) * rb]);
+    let mut y = y;
+    macro_rules! tiles {
+        ($cap:literal) => {{
+            // Sized to the row, on the stack (as for Q8_0's scales).
+            let mut sc = [[0f32; 8]; $cap];
+            avx512::q8_1_token_scales(x, &mut sc[..nb]);
+            let sc = &sc[..nb];
+            let mut i = 0;
+            macro_rules! rows {
+                ($r:literal) => {
+                    while n_rows - i >= $r {
+                        // SAFETY: the token's AVX-512 features were detected; every row has
+                        // `nb` blocks, and every activation row and `sc` at least that many
+                        // (checked by the caller, `sc` sized here).
+                        let out = unsafe {
+                            avx512::dot_q4_1_q8_1_tile::<$r>(
+                                std::array::from_fn(|k| row(i + k)),
+                                x,
+                                sc,
+                            )
+                        };
+                        for (k, ok) in out.iter().enumerate() {
+                            for (yt, v) in y.iter_mut().zip(ok) {
+                                yt[i + k] = *v;
+                            }
+                        }
+                        i += $r;
+                    }
+                };
+            }
+            rows!(4);
+            rows!(2);
+            rows!(1);
+        }};
+    }
+    match nb {
+        0..=32 => tiles!(32),
+        33..=128 => tiles!(128),
+        129..=512 => tiles!(512),
+        _ => {
+            for (i, wr) in w.chunks_exact(rb).enumerate() {
+                let r = avx2::dot_q4_1_q8_1_xn(t, blocks(wr), x);
+                for (yt, rt) in y.iter_mut().zip(r) {
+                    yt[i] = rt;
+                }
+            }
+        }
+    }
+}
+
+/// [`Kernels::matvec_tokens`] of Q8_0 weights with 4 tokens and AVX-512, where no activation
+/// quant is -128 and a row has at most 512 blocks (the caller checks): the tokens' scales
+/// converted once, then tiles of 4 weight rows (2, 1 for the rest) through
+/// `avx512::dot_q8_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
+#[cfg(target_arch = "x86_64")]
+fn avx512_q8_0_tokens4(
+    w: &[u8],
+    rb: usize,
+    x: [&[BlockQ8_0]; MATVEC_TOKENS],
+    y: [&mut [f32]; MATVEC_TOKENS],
+) {
+    let nb = rb / std::mem::size_of::<BlockQ8_0>();
+    assert!(nb <= 512, "matvec: row too long for the Q8_0 tiles");
+    let n_rows = w.len() / rb;
+    let row = |r: usize| blocks::<BlockQ8_0>(&w[r * rb..(r + 1) * rb]);
+    let mut y = y;
+    let mut dx = [[0f32; 4]; 512];
+    avx2::q8_0_token_scales(x, &mut dx[..nb]);
+    let dx = &dx[..nb];
+    let mut i = 0;
+    macro_rules! rows {
+        ($r:literal) => {
+            while n_rows - i >= $r {
+                // SAFETY: this runs only where the AVX-512 features were detected (the
+                // caller's token); every row has `nb` blocks, every activation row at least
+                // that many (checked by the caller), `dx` exactly.
+                let out = unsafe {
+                    avx512::dot_q8_0_q8_0_tile::<$r>(std::array::from_fn(|k| row(i + k)), x, dx)
+                };
+                for (k, ok) in out.iter().enumerate() {
+                    for (yt, v) in y.iter_mut().zip(ok) {
+                        yt[i + k] = *v;
+                    }
+                }
+                i += $r;
+            }
+        };
+    }
+    rows!(4);
+    rows!(2);
+    rows!(1);
 }
 
 /// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).

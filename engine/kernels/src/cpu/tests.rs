@@ -1120,3 +1120,66 @@ fn any_weight_row(r: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
     }
     b
 }
+
+/// Four activation rows at once (a prompt chunk of 4, or 4 sessions decoding together) on
+/// SmolLM2's matrices, against four one-row calls (`--ignored`, prints only).
+#[test]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
+fn bench_matvec_tokens4() {
+    use std::time::Instant;
+    let mut r = Rng::new(106);
+    for (ty, rows, n) in [
+        (GgmlType::Q4_1, 1536usize, 576usize),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q4_1, 49152, 576),
+        (GgmlType::Q8_0, 1536, 576),
+        (GgmlType::Q8_0, 49152, 576),
+    ] {
+        let xt = ty.vec_dot_type();
+        let w: Vec<u8> = (0..rows).flat_map(|_| weight_row(&mut r, ty, n)).collect();
+        let xs: Vec<Vec<u8>> = (0..4)
+            .map(|_| {
+                let mut x = vec![0u8; bytes_of(xt, n)];
+                quantize_row(xt, &r.vec(n, 1.0), &mut x).unwrap();
+                x
+            })
+            .collect();
+        let mut ys = vec![vec![0.0f32; rows]; 4];
+        for k in all_kernels() {
+            let reps = (100_000_000 / w.len()).max(5);
+            let time = |f: &mut dyn FnMut()| {
+                f();
+                let mut best = f64::MAX;
+                for _ in 0..reps {
+                    let t = Instant::now();
+                    f();
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                best
+            };
+            let one = time(&mut || {
+                for (x, y) in xs.iter().zip(ys.iter_mut()) {
+                    k.matvec(ty, n, &w, x, 0..rows, y);
+                }
+            });
+            let four = time(&mut || {
+                let [a, b, c, d] = &mut ys[..] else {
+                    unreachable!()
+                };
+                let x4 = [&xs[0][..], &xs[1][..], &xs[2][..], &xs[3][..]];
+                if !k.matvec_tokens::<4>(ty, n, &w, x4, 0..rows, [a, b, c, d]) {
+                    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+                        k.matvec(ty, n, &w, x, 0..rows, y);
+                    }
+                }
+            });
+            println!(
+                "{ty} {rows}x{n} {:>6}: 4 x matvec {:8.1} us, matvec_tokens::<4> {:8.1} us ({:.2} ns per row-block-token)",
+                k.isa_name(),
+                one * 1e6,
+                four * 1e6,
+                four * 1e9 / (rows * n / 32 * 4) as f64
+            );
+        }
+    }
+}

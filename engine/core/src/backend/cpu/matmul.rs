@@ -65,9 +65,10 @@ impl OpCtx<'_> {
         let xq = self.input_bytes(x, 0..n_tok);
         let xrb = self.pg.graph.values[x.0].row_bytes();
         let large = bytes.len() / self.n_threads >= STEAL_MIN_SHARE_BYTES;
-        if n_tok == 1 && self.n_threads > 1 && (large || self.steal_all) {
-            // Decode streams the weights once and is memory-bound: long chunks first keep each
-            // thread's reads sequential, and stealing the short last ones evens out the finish.
+        // Decode, of one session or of up to 4 decoding together, streams the weights once
+        // and is memory-bound: long chunks first keep each thread's reads sequential, and
+        // stealing the short last ones evens out the finish.
+        if n_tok <= MATVEC_TOKENS && self.n_threads > 1 && (large || self.steal_all) {
             let min_rows = DECODE_MIN_CHUNK_BYTES
                 .div_ceil(bytes.len() / w.n_rows.max(1))
                 .max(1);
@@ -79,17 +80,15 @@ impl OpCtx<'_> {
                 min_rows,
             );
             for rows in self.exec.claims.claimed(plan, self.tag, self.tid) {
-                let y = self.output(out, 0, rows.clone());
-                self.exec
-                    .kernels
-                    .matvec(w.ty, w.row_len, bytes, &xq[..xrb], rows, y);
+                self.matmul_rows(weight, xq, xrb, n_tok, rows, out);
             }
             return;
         }
         let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
-        // A small decode matmul streams the weights once: one call over the thread's whole
-        // share, so that the kernels' prefetching runs ahead across it without a break.
-        let chunk = if n_tok == 1 {
+        // A decode matmul (one session's, or a few decoding together) streams the weights
+        // once: one call over the thread's whole share, so that the kernels' prefetching runs
+        // ahead across it without a break (and the tokens' scales are converted once).
+        let chunk = if n_tok <= MATVEC_TOKENS {
             mine.len().max(1)
         } else {
             PREFILL_ROWS_PER_CHUNK
@@ -97,37 +96,44 @@ impl OpCtx<'_> {
         let mut start = mine.start;
         while start < mine.end {
             let end = (start + chunk).min(mine.end);
-            // Groups of 8 tokens where a kernel takes them (prefill), then of 4.
-            let rows = start..end;
-            let k = &self.exec.kernels;
-            let (wt, n) = (w.ty, w.row_len);
-            let mut t =
-                self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &rows, |xs, ys| {
-                    k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
-                });
-            t = self.token_groups::<{ MATVEC_TOKENS }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
-                k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
-            });
-            // 2 or 3 left (the decode step of 2 or 3 sessions running together, or the end
-            // of a prompt chunk): they share each weight row's unpacking too.
-            t = self.token_groups::<3>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
-                k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
-            });
-            t = self.token_groups::<2>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
-                k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
-            });
-            for t in t..n_tok {
-                let y = self.output(out, t, start..end);
-                self.exec.kernels.matvec(
-                    w.ty,
-                    w.row_len,
-                    bytes,
-                    &xq[t * xrb..(t + 1) * xrb],
-                    start..end,
-                    y,
-                );
-            }
+            self.matmul_rows(weight, xq, xrb, n_tok, start..end, out);
             start = end;
+        }
+    }
+
+    /// out[t][rows] = weight rows `rows` · x[t] for every token, in groups of 8 tokens where a
+    /// kernel takes them (prefill), then of 4, 3 and 2 (they share each weight row's
+    /// unpacking: the decode step of sessions running together, or the end of a prompt
+    /// chunk), then one at a time.
+    fn matmul_rows(
+        &self,
+        weight: WeightId,
+        xq: &[u8],
+        xrb: usize,
+        n_tok: usize,
+        rows: std::ops::Range<usize>,
+        out: ValueId,
+    ) {
+        let w = self.model.weight(weight);
+        let bytes = self.model.weight_bytes(weight);
+        let k = &self.exec.kernels;
+        let (wt, n) = (w.ty, w.row_len);
+        let mut t =
+            self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &rows, |xs, ys| {
+                k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
+            });
+        t = self.token_groups::<{ MATVEC_TOKENS }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+            k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
+        });
+        t = self.token_groups::<3>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+            k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
+        });
+        t = self.token_groups::<2>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+            k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
+        });
+        for t in t..n_tok {
+            let y = self.output(out, t, rows.clone());
+            k.matvec(wt, n, bytes, &xq[t * xrb..(t + 1) * xrb], rows.clone(), y);
         }
     }
 }
