@@ -251,22 +251,24 @@ fn prefetch_tile<T>(block: &T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
 }
 
-/// Four Q8_1 activation rows' block scales as f32, for [`dot_q4_1_q8_1_tile`]:
+/// `T` (at most 4) Q8_1 activation rows' block scales as f32, for [`dot_q4_1_q8_1_tile`]:
 /// `out[i] = [d_0, d_1, d_2, d_3, s_0, s_1, s_2, s_3]` of block `i` (the f16 values converted
-/// exactly), formed once per matrix call instead of once per weight row.
+/// exactly; zero for tokens `T..4`), formed once per matrix call instead of once per weight row.
 ///
 /// # Panics
 /// If a row has fewer than `out.len()` blocks.
-pub(super) fn q8_1_token_scales(x: [&[BlockQ8_1]; 4], out: &mut [[f32; 8]]) {
+pub(super) fn q8_1_token_scales<const T: usize>(x: [&[BlockQ8_1]; T], out: &mut [[f32; 8]]) {
+    const { assert!(T <= 4) };
     for (i, o) in out.iter_mut().enumerate() {
-        for t in 0..4 {
+        *o = [0.0; 8];
+        for t in 0..T {
             o[t] = f16_le(x[t][i].d);
             o[4 + t] = f16_le(x[t][i].s);
         }
     }
 }
 
-/// Q4_1 . Q8_1 of `R` weight rows (1 to 4) with 4 tokens: `out[r][t]`, each bit-identical to
+/// Q4_1 . Q8_1 of `R` weight rows (1 to 4) with `T` tokens (1 to 4): `out[r][t]`, each bit-identical to
 /// the one-token AVX2 kernel's dot of row `r` with token `t`.
 ///
 /// The one-token kernel keeps 8 lanes per (row, token), each `fma(d_w * d_x, sum, acc)` per
@@ -283,14 +285,14 @@ pub(super) fn q8_1_token_scales(x: [&[BlockQ8_1]; 4], out: &mut [[f32; 8]]) {
 /// The CPU has the features of [`super::x86::avx512_detected`]; every `w[r].len()` equals
 /// `w[0].len()`, and `x[t].len()` and `scales.len()` are at least that.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize>(
+pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize, const T: usize>(
     w: [&[BlockQ4_1]; R],
-    x: [&[BlockQ8_1]; 4],
+    x: [&[BlockQ8_1]; T],
     scales: &[[f32; 8]],
-) -> [[f32; 4]; R] {
-    const { assert!(R >= 1 && R <= 4) };
+) -> [[f32; T]; R] {
+    const { assert!(R >= 1 && R <= 4 && T >= 1 && T <= 4) };
     let zero = _mm256_setzero_si256();
-    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut acc_m = _mm512_setzero_ps();
     // Lane 4r + t of the products: row r's d (or m) times token t's.
     let idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
@@ -343,7 +345,7 @@ pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize>(
             for r in 0..R {
                 // SAFETY: i < w[r].len() (caller); AVX2 is among this function's features.
                 let q = unsafe { nibbles(&w[r].get_unchecked(i).qs) };
-                for t in 0..4 {
+                for t in 0..T {
                     let prod = _mm256_dpbusd_epi32(zero, q, y[t]);
                     // SAFETY: 4r + t < 16.
                     let d = unsafe { _mm256_broadcast_ss(p.get_unchecked(4 * r + t)) };
@@ -359,7 +361,7 @@ pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize>(
     std::array::from_fn(|r| std::array::from_fn(|t| unsafe { hsum(acc[r][t]) } + m[4 * r + t]))
 }
 
-/// Q8_0 . Q8_0 of `R` weight rows (1 to 4) with 4 tokens, as [`dot_q4_1_q8_1_tile`]:
+/// Q8_0 . Q8_0 of `R` weight rows (1 to 4) with `T` tokens (1 to 4), as [`dot_q4_1_q8_1_tile`]:
 /// `out[r][t]` bit-identical to the one-token AVX2 kernel's dot where no activation quant is
 /// -128 (its `sign` / `maddubs` trick is exact there; the caller checks). `vpdpbusd` takes an
 /// unsigned left operand, so the weights are biased by 128 (`xor 0x80`); each (row, token) sum
@@ -371,15 +373,15 @@ pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize>(
 /// The CPU has the features of [`super::x86::avx512_detected`]; every `w[r].len()` equals
 /// `w[0].len()`, and `x[t].len()` and `dx.len()` are at least that.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn dot_q8_0_q8_0_tile<const R: usize>(
+pub(super) unsafe fn dot_q8_0_q8_0_tile<const R: usize, const T: usize>(
     w: [&[BlockQ8_0]; R],
-    x: [&[BlockQ8_0]; 4],
+    x: [&[BlockQ8_0]; T],
     dx: &[[f32; 4]],
-) -> [[f32; 4]; R] {
-    const { assert!(R >= 1 && R <= 4) };
+) -> [[f32; T]; R] {
+    const { assert!(R >= 1 && R <= 4 && T >= 1 && T <= 4) };
     let zero = _mm256_setzero_si256();
     let bias = _mm256_set1_epi8(i8::MIN);
-    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
     // Lane 4r + t of the products: row r's d times token t's.
     let idx_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     let nb = w[0].len();
@@ -421,7 +423,7 @@ pub(super) unsafe fn dot_q8_0_q8_0_tile<const R: usize>(
                 // SAFETY: i < w[r].len() (caller); AVX2 is among this function's features.
                 let a = unsafe { load_q8(&w[r].get_unchecked(i).qs) };
                 let a = _mm256_xor_si256(a, bias);
-                for t in 0..4 {
+                for t in 0..T {
                     let prod = _mm256_dpbusd_epi32(start[t], a, y[t]);
                     // SAFETY: 4r + t < 16.
                     let d = unsafe { _mm256_broadcast_ss(p.get_unchecked(4 * r + t)) };

@@ -1040,10 +1040,7 @@ impl Kernels {
                 }};
             }
             match w_ty {
-                GgmlType::Q4_1 if N == MATVEC_TOKENS && t.avx512() => {
-                    let x4: [&[u8]; MATVEC_TOKENS] = std::array::from_fn(|k| x[k]);
-                    avx512_q4_1_tokens4(t, w, rb, x4.map(blocks), to_four(y));
-                }
+                GgmlType::Q4_1 if t.avx512() => avx512_q4_1_tokens(t, w, rb, x.map(blocks), y),
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
                 // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
                 GgmlType::Q4_0 | GgmlType::IQ4_NL if repacked => {
@@ -1093,9 +1090,8 @@ impl Kernels {
                     }
                     // N is at most MATVEC_TOKENS here (checked on entry), as the scaled
                     // kernels require.
-                    if sign_ok && !q5 && N == MATVEC_TOKENS && t.avx512() && nb <= 512 {
-                        let x4: [&[u8]; MATVEC_TOKENS] = std::array::from_fn(|k| x[k]);
-                        avx512_q8_0_tokens4(w, rb, x4.map(blocks), to_four(y));
+                    if sign_ok && !q5 && t.avx512() && nb <= 512 {
+                        avx512_q8_0_tokens(w, rb, x.map(blocks), y);
                         return true;
                     }
                     match (sign_ok, nb) {
@@ -1116,16 +1112,16 @@ impl Kernels {
     }
 }
 
-/// [`Kernels::matvec_tokens`] of Q4_1 weights with 4 tokens and AVX-512: the tokens' block
-/// scales converted once, then tiles of 4 weight rows (2, 1 for the rest) through
+/// [`Kernels::matvec_tokens`] of Q4_1 weights with `N` (at most 4) tokens and AVX-512: the
+/// tokens' block scales converted once, then tiles of 4 weight rows (2, 1 for the rest) through
 /// `avx512::dot_q4_1_q8_1_tile`. `w` holds whole rows of `rb` bytes.
 #[cfg(target_arch = "x86_64")]
-fn avx512_q4_1_tokens4(
+fn avx512_q4_1_tokens<const N: usize>(
     t: x86::Token,
     w: &[u8],
     rb: usize,
-    x: [&[BlockQ8_1]; MATVEC_TOKENS],
-    y: [&mut [f32]; MATVEC_TOKENS],
+    x: [&[BlockQ8_1]; N],
+    y: [&mut [f32]; N],
 ) {
     let nb = rb / std::mem::size_of::<BlockQ4_1>();
     let n_rows = w.len() / rb;
@@ -1145,7 +1141,7 @@ fn avx512_q4_1_tokens4(
                         // `nb` blocks, and every activation row and `sc` at least that many
                         // (checked by the caller, `sc` sized here).
                         let out = unsafe {
-                            avx512::dot_q4_1_q8_1_tile::<$r>(
+                            avx512::dot_q4_1_q8_1_tile::<$r, N>(
                                 std::array::from_fn(|k| row(i + k)),
                                 x,
                                 sc,
@@ -1180,47 +1176,62 @@ fn avx512_q4_1_tokens4(
     }
 }
 
-/// [`Kernels::matvec_tokens`] of Q8_0 weights with 4 tokens and AVX-512, where no activation
+/// [`Kernels::matvec_tokens`] of Q8_0 weights with `N` (at most 4) tokens and AVX-512, where no activation
 /// quant is -128 and a row has at most 512 blocks (the caller checks): the tokens' scales
 /// converted once, then tiles of 4 weight rows (2, 1 for the rest) through
 /// `avx512::dot_q8_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
 #[cfg(target_arch = "x86_64")]
-fn avx512_q8_0_tokens4(
+fn avx512_q8_0_tokens<const N: usize>(
     w: &[u8],
     rb: usize,
-    x: [&[BlockQ8_0]; MATVEC_TOKENS],
-    y: [&mut [f32]; MATVEC_TOKENS],
+    x: [&[BlockQ8_0]; N],
+    y: [&mut [f32]; N],
 ) {
     let nb = rb / std::mem::size_of::<BlockQ8_0>();
-    assert!(nb <= 512, "matvec: row too long for the Q8_0 tiles");
     let n_rows = w.len() / rb;
     let row = |r: usize| blocks::<BlockQ8_0>(&w[r * rb..(r + 1) * rb]);
     let mut y = y;
-    let mut dx = [[0f32; 4]; 512];
-    avx2::q8_0_token_scales(x, &mut dx[..nb]);
-    let dx = &dx[..nb];
-    let mut i = 0;
-    macro_rules! rows {
-        ($r:literal) => {
-            while n_rows - i >= $r {
-                // SAFETY: this runs only where the AVX-512 features were detected (the
-                // caller's token); every row has `nb` blocks, every activation row at least
-                // that many (checked by the caller), `dx` exactly.
-                let out = unsafe {
-                    avx512::dot_q8_0_q8_0_tile::<$r>(std::array::from_fn(|k| row(i + k)), x, dx)
-                };
-                for (k, ok) in out.iter().enumerate() {
-                    for (yt, v) in y.iter_mut().zip(ok) {
-                        yt[i + k] = *v;
+    macro_rules! tiles {
+        ($cap:literal) => {{
+            // Sized to the row, on the stack (zeroing a large buffer per call would cost more
+            // than it saves on narrow matrices).
+            let mut dx = [[0f32; 4]; $cap];
+            avx2::q8_0_token_scales(x, &mut dx[..nb]);
+            let dx = &dx[..nb];
+            let mut i = 0;
+            macro_rules! rows {
+                ($r:literal) => {
+                    while n_rows - i >= $r {
+                        // SAFETY: this runs only where the AVX-512 features were detected (the
+                        // caller's token); every row has `nb` blocks, every activation row at
+                        // least that many (checked by the caller), `dx` exactly.
+                        let out = unsafe {
+                            avx512::dot_q8_0_q8_0_tile::<$r, N>(
+                                std::array::from_fn(|k| row(i + k)),
+                                x,
+                                dx,
+                            )
+                        };
+                        for (k, ok) in out.iter().enumerate() {
+                            for (yt, v) in y.iter_mut().zip(ok) {
+                                yt[i + k] = *v;
+                            }
+                        }
+                        i += $r;
                     }
-                }
-                i += $r;
+                };
             }
-        };
+            rows!(4);
+            rows!(2);
+            rows!(1);
+        }};
     }
-    rows!(4);
-    rows!(2);
-    rows!(1);
+    match nb {
+        0..=32 => tiles!(32),
+        33..=128 => tiles!(128),
+        129..=512 => tiles!(512),
+        _ => unreachable!("matvec: the caller takes rows of at most 512 Q8_0 blocks here"),
+    }
 }
 
 /// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).
