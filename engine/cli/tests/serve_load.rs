@@ -1,12 +1,13 @@
-//! A bounded load test of `edge-run serve`: 8 concurrent clients x 5 requests each (streamed
+//! A bounded load test of `edge-run serve`: 8 concurrent clients x 25 requests each (streamed
 //! and not) on 2 slots with a queue of 2. Every request must get a complete, valid answer or a
 //! 503 with `Retry-After`; none may be lost or cut off; the server's resident memory stays
 //! within its plan (weights + the slots' planned memory + a fixed allowance for code, the
-//! vocabulary and the HTTP runtime).
+//! vocabulary and the HTTP runtime). It reports the streamed answers' p50/p99 time to first
+//! token and the aggregate tok/s (the speed figures themselves are `scripts/serve-bench.py`'s).
 
 mod serve_util;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use serve_util::*;
@@ -39,18 +40,21 @@ fn eight_clients_get_answers_or_503s_and_memory_stays_planned() {
         "--metrics",
     ]);
     let addr = srv.addr;
-    let clients: Vec<_> = (0..8)
+    const CLIENTS: usize = 8;
+    const REQUESTS: usize = 25;
+    let started = Instant::now();
+    let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
             std::thread::spawn(move || {
                 let mut outcomes = Vec::new();
-                for i in 0..5 {
+                for i in 0..REQUESTS {
                     let stream = (c + i) % 2 == 0;
                     let body = json!({
                         "messages": [{"role": "user", "content": format!("Client {c} asks question {i}: name a colour.")}],
                         "max_tokens": 8, "temperature": 0.7, "seed": c * 10 + i, "stream": stream,
                     });
-                    let r = http(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
-                    outcomes.push((stream, r));
+                    let (r, ttft) = http_timed(addr, "POST", "/v1/chat/completions", body.to_string().as_bytes());
+                    outcomes.push((stream, r, ttft));
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 outcomes
@@ -58,10 +62,12 @@ fn eight_clients_get_answers_or_503s_and_memory_stays_planned() {
         })
         .collect();
     let (mut ok, mut busy) = (0, 0);
+    let mut ttfts = Vec::new();
     for c in clients {
-        for (stream, r) in c.join().unwrap() {
+        for (stream, r, ttft) in c.join().unwrap() {
             match r.status {
                 200 if stream => {
+                    ttfts.extend(ttft);
                     let events = r.events();
                     assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{r:?}");
                     let finish: Vec<Value> = events[..events.len() - 1]
@@ -87,9 +93,27 @@ fn eight_clients_get_answers_or_503s_and_memory_stays_planned() {
             }
         }
     }
-    assert_eq!(ok + busy, 40);
-    assert!(ok >= 4, "only {ok} of 40 answered");
-    eprintln!("load: {ok} answered, {busy} refused with 503");
+    let wall = started.elapsed().as_secs_f64();
+    let total = CLIENTS * REQUESTS;
+    assert_eq!(ok + busy, total);
+    assert!(ok >= 4, "only {ok} of {total} answered");
+    eprintln!("load: {ok} answered, {busy} refused with 503, in {wall:.1} s");
+    ttfts.sort();
+    if let (Some(p50), Some(p99)) = (
+        ttfts.get(ttfts.len() / 2),
+        ttfts.get((ttfts.len() * 99 / 100).min(ttfts.len().saturating_sub(1))),
+    ) {
+        eprintln!(
+            "load: time to first token of {} streamed answers: p50 {} ms, p99 {} ms",
+            ttfts.len(),
+            p50.as_millis(),
+            p99.as_millis()
+        );
+    }
+    eprintln!(
+        "load: {:.1} generated tok/s in all",
+        metric(&srv, "edge_run_generated_tokens_total") / wall
+    );
     // The counters agree with what the clients saw.
     assert_eq!(
         metric(

@@ -153,6 +153,43 @@ pub fn http(
     parse_response(&raw)
 }
 
+/// [`http`], also timing the answer: the time from sending the request to the first byte of a
+/// server-sent event carrying text (`"content":"` and a character), if one came.
+pub fn http_timed(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (Resp, Option<Duration>) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let sent = std::time::Instant::now();
+    s.write_all(req.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let (mut raw, mut buf, mut first) = (Vec::new(), [0u8; 4096], None);
+    let text_event = |raw: &[u8]| {
+        let key = b"\"content\":\"";
+        raw.windows(key.len() + 1)
+            .any(|w| w.starts_with(key) && w[key.len()] != b'"')
+    };
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                raw.extend_from_slice(&buf[..n]);
+                if first.is_none() && text_event(&raw) {
+                    first = Some(sent.elapsed());
+                }
+            }
+        }
+    }
+    (parse_response(&raw), first)
+}
+
 fn parse_response(raw: &[u8]) -> Resp {
     let text = String::from_utf8_lossy(raw).into_owned();
     let (head, rest) = text
