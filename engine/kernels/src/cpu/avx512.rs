@@ -18,9 +18,10 @@
 //! have four-token kernels in the Q4_0 / Q4_1 layout (1.26x / 1.30x faster than AVX2's
 //! `_xn::<4>` on a 1536 x 576 matrix); one token stays on AVX2 (decode is memory-bound).
 //!
-//! Q4_1 and Q8_0 with 2 to 4 tokens (sessions decoding together, and the ends of prompt
-//! chunks) go through tiles of 4 weight rows by the tokens, 256 bits per (row, token) as in the
-//! one-token kernel: each block's scale products for the whole tile are one 512-bit multiply,
+//! Q4_1 and Q5_0 with 2 to 4 tokens (sessions decoding together, and the ends of prompt
+//! chunks), and Q5_0 with one, go through tiles of 4 weight rows by the tokens, 256 bits per
+//! (row, token) as in the one-token kernel: each block's scale products for the whole tile are
+//! one 512-bit multiply,
 //! read back by the `fma`s as broadcast loads, and the activation blocks are loaded once for 4
 //! rows, which leaves 3 vector operations per (row, token, block) (`vpdpbusd`, `vcvtdq2ps`,
 //! `vfmadd`). On Zen 4 this measured 1.9x faster than one row by 4
@@ -370,80 +371,107 @@ pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize, const T: usize>(
     std::array::from_fn(|r| std::array::from_fn(|t| unsafe { hsum(acc[r][t]) } + m[4 * r + t]))
 }
 
-/// Q8_0 . Q8_0 of `R` weight rows (1 to 4) with `T` tokens (1 to 4), as [`dot_q4_1_q8_1_tile`]:
-/// `out[r][t]` bit-identical to the one-token AVX2 kernel's dot where no activation quant is
-/// -128 (its `sign` / `maddubs` trick is exact there; the caller checks). `vpdpbusd` takes an
-/// unsigned left operand, so the weights are biased by 128 (`xor 0x80`); each (row, token) sum
-/// starts from `-128 * sum(y)` of its four elements, formed once per token and block for all
-/// rows (exact: every i32 lane stays within 4 * 255 * 128). `dx[i][t]` is token `t`'s scale of
-/// block `i` (`avx2::q8_0_token_scales`).
+/// The tile kernels of weights whose quants are `u - B` for unsigned bytes `u` (Q5_0: its 5-bit
+/// quants with B = 16; Q8_0 would be `q ^ 0x80` with B = 128), times Q8_0 activations, as
+/// [`dot_q4_1_q8_1_tile`]: `vpdpbusd` takes the unsigned `u`, and each (row, token) sum starts
+/// from `-B * sum(y)` of its four elements, formed once per token and block for all rows (exact:
+/// every i32 lane stays within 4 * 255 * 128). `dx[i][t]` is token `t`'s scale of block `i`
+/// (`avx2::q8_0_token_scales`).
 ///
-/// # Safety
-/// The CPU has the features of [`super::x86::avx512_detected`]; every `w[r].len()` equals
-/// `w[0].len()`, and `x[t].len()` and `dx.len()` are at least that.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn dot_q8_0_q8_0_tile<const R: usize, const T: usize>(
-    w: [&[BlockQ8_0]; R],
-    x: [&[BlockQ8_0]; T],
-    dx: &[[f32; 4]],
-) -> [[f32; T]; R] {
-    const { assert!(R >= 1 && R <= 4 && T >= 1 && T <= 4) };
-    let zero = _mm256_setzero_si256();
-    let bias = _mm256_set1_epi8(i8::MIN);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    // Lane 4r + t of the products: row r's d times token t's.
-    let idx_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    let nb = w[0].len();
-    // As in `dot_q4_1_q8_1_tile`: the products of a chunk of blocks first, read back as
-    // broadcast loads.
-    const CHUNK: usize = 16;
-    let mut pd = [std::mem::MaybeUninit::<[f32; 16]>::uninit(); CHUNK];
-    for c0 in (0..nb).step_by(CHUNK) {
-        let c1 = nb.min(c0 + CHUNK);
-        for i in c0..c1 {
-            let d: [i16; 4] = std::array::from_fn(|r| {
-                if r < R {
-                    // SAFETY: i < w[r].len() (caller).
-                    let b = unsafe { w[r].get_unchecked(i) };
-                    // Decode of several sessions streams the weights from memory: the rows
-                    // are read side by side, which the hardware prefetchers follow badly.
-                    prefetch_tile(b);
-                    i16::from_le_bytes(b.d)
-                } else {
-                    0
+/// A Q8_0 tile built from this was 1.4x faster than the AVX2 kernels in cache, but 1.3x (4
+/// tokens) to 2x (one token) slower on a matrix streamed from memory (SmolLM2's 30 MB output
+/// head, Zen 4), as the two-row `dot_q8_0_q8_0_rows2` is; Q5_0's tile was faster both ways
+/// (1.4x with 4 tokens from memory). Decode and sessions decoding together stream their
+/// weights, so Q8_0 stays on the AVX2 kernels there.
+macro_rules! biased_tile {
+    ($(#[$doc:meta])* $name:ident, $block:ty, $bias:expr, |$b:ident| $unsigned:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The CPU has the features of [`super::x86::avx512_detected`]; every `w[r].len()`
+        /// equals `w[0].len()`, and `x[t].len()` and `dx.len()` are at least that.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub(super) unsafe fn $name<const R: usize, const T: usize>(
+            w: [&[$block]; R],
+            x: [&[BlockQ8_0]; T],
+            dx: &[[f32; 4]],
+        ) -> [[f32; T]; R] {
+            const { assert!(R >= 1 && R <= 4 && T >= 1 && T <= 4) };
+            let zero = _mm256_setzero_si256();
+            let bias = _mm256_set1_epi8($bias);
+            let mut acc = [[_mm256_setzero_ps(); T]; R];
+            // Lane 4r + t of the products: row r's d times token t's.
+            let idx_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+            let nb = w[0].len();
+            // As in `dot_q4_1_q8_1_tile`: the products of a chunk of blocks first, read back
+            // as broadcast loads.
+            const CHUNK: usize = 16;
+            let mut pd = [std::mem::MaybeUninit::<[f32; 16]>::uninit(); CHUNK];
+            for c0 in (0..nb).step_by(CHUNK) {
+                let c1 = nb.min(c0 + CHUNK);
+                for i in c0..c1 {
+                    let d: [i16; 4] = std::array::from_fn(|r| {
+                        if r < R {
+                            // SAFETY: i < w[r].len() (caller).
+                            let b = unsafe { w[r].get_unchecked(i) };
+                            // Decode streams the weights from memory: the rows are read side
+                            // by side, which the hardware prefetchers follow badly.
+                            prefetch_tile(b);
+                            i16::from_le_bytes(b.d)
+                        } else {
+                            0
+                        }
+                    });
+                    let wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_setr_epi16(
+                        d[0], d[1], d[2], d[3], 0, 0, 0, 0,
+                    )));
+                    // SAFETY: i < dx.len() (caller); 4 readable f32; loadu needs no alignment.
+                    let xd = unsafe {
+                        _mm512_broadcast_f32x4(_mm_loadu_ps(dx.get_unchecked(i).as_ptr()))
+                    };
+                    let p = _mm512_mul_ps(_mm512_permutexvar_ps(idx_d, wd), xd);
+                    // SAFETY: i - c0 < CHUNK; each entry is 16 f32; storeu has no alignment
+                    // requirement.
+                    unsafe {
+                        _mm512_storeu_ps(pd.get_unchecked_mut(i - c0).as_mut_ptr().cast(), p)
+                    };
                 }
-            });
-            let wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_setr_epi16(
-                d[0], d[1], d[2], d[3], 0, 0, 0, 0,
-            )));
-            // SAFETY: i < dx.len() (caller); 4 readable f32; loadu needs no alignment.
-            let xd = unsafe { _mm512_broadcast_f32x4(_mm_loadu_ps(dx.get_unchecked(i).as_ptr())) };
-            let p = _mm512_mul_ps(_mm512_permutexvar_ps(idx_d, wd), xd);
-            // SAFETY: i - c0 < CHUNK; each entry is 16 f32; storeu has no alignment requirement.
-            unsafe { _mm512_storeu_ps(pd.get_unchecked_mut(i - c0).as_mut_ptr().cast(), p) };
-        }
-        for i in c0..c1 {
-            // SAFETY: i < x[t].len() (caller); AVX2 is among this function's features.
-            let y = x.map(|r| unsafe { load_q8(&r.get_unchecked(i).qs) });
-            let start = y.map(|y| _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, bias, y)));
-            // SAFETY: i - c0 < CHUNK, and entry i - c0 was written by the loop above.
-            let p = unsafe { pd.get_unchecked(i - c0).assume_init_ref() };
-            for r in 0..R {
-                // SAFETY: i < w[r].len() (caller); AVX2 is among this function's features.
-                let a = unsafe { load_q8(&w[r].get_unchecked(i).qs) };
-                let a = _mm256_xor_si256(a, bias);
-                for t in 0..T {
-                    let prod = _mm256_dpbusd_epi32(start[t], a, y[t]);
-                    // SAFETY: 4r + t < 16.
-                    let d = unsafe { _mm256_broadcast_ss(p.get_unchecked(4 * r + t)) };
-                    acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[r][t]);
+                for i in c0..c1 {
+                    // SAFETY: i < x[t].len() (caller); AVX2 is among this function's features.
+                    let y = x.map(|r| unsafe { load_q8(&r.get_unchecked(i).qs) });
+                    let start =
+                        y.map(|y| _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, bias, y)));
+                    // SAFETY: i - c0 < CHUNK, and entry i - c0 was written by the loop above.
+                    let p = unsafe { pd.get_unchecked(i - c0).assume_init_ref() };
+                    for r in 0..R {
+                        // SAFETY: i < w[r].len() (caller).
+                        let $b = unsafe { w[r].get_unchecked(i) };
+                        // SAFETY: AVX2 is among this function's features.
+                        let u = unsafe { $unsigned };
+                        for t in 0..T {
+                            let prod = _mm256_dpbusd_epi32(start[t], u, y[t]);
+                            // SAFETY: 4r + t < 16.
+                            let d = unsafe { _mm256_broadcast_ss(p.get_unchecked(4 * r + t)) };
+                            acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[r][t]);
+                        }
+                    }
                 }
             }
+            // SAFETY: AVX2 is among this function's features.
+            std::array::from_fn(|r| std::array::from_fn(|t| unsafe { hsum(acc[r][t]) }))
         }
-    }
-    // SAFETY: AVX2 is among this function's features.
-    std::array::from_fn(|r| std::array::from_fn(|t| unsafe { hsum(acc[r][t]) }))
+    };
 }
+
+biased_tile!(
+    /// Q5_0 . Q8_0 of `R` weight rows (1 to 4) with `T` tokens (1 to 4) (see `biased_tile`):
+    /// `out[r][t]` bit-identical to the one-token AVX2 kernel's dot (its lanes are exact for
+    /// every activation).
+    dot_q5_0_q8_0_tile,
+    BlockQ5_0,
+    16,
+    |b| q5_quants(&b.qh, &b.qs)
+);
 
 /// Q4_1 . Q8_1 of one weight row with 4 tokens, two per 512-bit register.
 ///

@@ -784,6 +784,14 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q4_1) if t.avx512() => {
                 rows2_with!(t, avx2::dot_q4_1_q8_1_rows2, avx2::dot_q4_1_q8_1)
             }
+            // One Q5_0 token through the 4-row tiles (4 independent `fma` chains, the
+            // activation block and its `-16 * sum(y)` formed once for 4 rows).
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_0)
+                if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_0>() <= 512 =>
+            {
+                avx512_q5_0_tokens(w, rb, [blocks(x)], [y]);
+            }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q8_0) if t.avx512() => {
                 rows2_with!(t, avx2::dot_q8_0_q8_0_rows2, avx2::dot_q8_0_q8_0)
@@ -1090,8 +1098,10 @@ impl Kernels {
                     }
                     // N is at most MATVEC_TOKENS here (checked on entry), as the scaled
                     // kernels require.
-                    if sign_ok && !q5 && t.avx512() && nb <= 512 {
-                        avx512_q8_0_tokens(w, rb, x.map(blocks), y);
+                    // Q5_0's tiles (exact for every activation; see `avx512::biased_tile` for
+                    // why Q8_0 has none).
+                    if q5 && t.avx512() && nb <= 512 {
+                        avx512_q5_0_tokens(w, rb, x.map(blocks), y);
                         return true;
                     }
                     match (sign_ok, nb) {
@@ -1176,20 +1186,19 @@ fn avx512_q4_1_tokens<const N: usize>(
     }
 }
 
-/// [`Kernels::matvec_tokens`] of Q8_0 weights with `N` (at most 4) tokens and AVX-512, where no activation
-/// quant is -128 and a row has at most 512 blocks (the caller checks): the tokens' scales
+/// [`Kernels::matvec_tokens`] (and, with `N` = 1, [`Kernels::matvec`]) of Q5_0 weights with
+/// AVX-512, where a row has at most 512 blocks (the caller checks): the tokens' scales
 /// converted once, then tiles of 4 weight rows (2, 1 for the rest) through
-/// `avx512::dot_q8_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
+/// `avx512::dot_q5_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
 #[cfg(target_arch = "x86_64")]
-fn avx512_q8_0_tokens<const N: usize>(
+fn avx512_q5_0_tokens<const N: usize>(
     w: &[u8],
     rb: usize,
     x: [&[BlockQ8_0]; N],
     y: [&mut [f32]; N],
 ) {
-    let nb = rb / std::mem::size_of::<BlockQ8_0>();
+    let nb = x[0].len();
     let n_rows = w.len() / rb;
-    let row = |r: usize| blocks::<BlockQ8_0>(&w[r * rb..(r + 1) * rb]);
     let mut y = y;
     macro_rules! tiles {
         ($cap:literal) => {{
@@ -1202,19 +1211,20 @@ fn avx512_q8_0_tokens<const N: usize>(
             macro_rules! rows {
                 ($r:literal) => {
                     while n_rows - i >= $r {
+                        let rows = i..i + $r;
                         // SAFETY: this runs only where the AVX-512 features were detected (the
-                        // caller's token); every row has `nb` blocks, every activation row at
-                        // least that many (checked by the caller), `dx` exactly.
+                        // caller's token); every row has `nb` blocks, every activation row
+                        // at least that many (checked by the caller), `dx` exactly.
                         let out = unsafe {
-                            avx512::dot_q8_0_q8_0_tile::<$r, N>(
-                                std::array::from_fn(|k| row(i + k)),
+                            avx512::dot_q5_0_q8_0_tile::<$r, N>(
+                                std::array::from_fn(|k| blocks(&w[(i + k) * rb..][..rb])),
                                 x,
                                 dx,
                             )
                         };
-                        for (k, ok) in out.iter().enumerate() {
+                        for (r, ok) in rows.zip(out.iter()) {
                             for (yt, v) in y.iter_mut().zip(ok) {
-                                yt[i + k] = *v;
+                                yt[r] = *v;
                             }
                         }
                         i += $r;
@@ -1230,7 +1240,7 @@ fn avx512_q8_0_tokens<const N: usize>(
         0..=32 => tiles!(32),
         33..=128 => tiles!(128),
         129..=512 => tiles!(512),
-        _ => unreachable!("matvec: the caller takes rows of at most 512 Q8_0 blocks here"),
+        _ => unreachable!("matvec: the caller takes rows of at most 512 blocks here"),
     }
 }
 
