@@ -1122,6 +1122,51 @@ impl Kernels {
     }
 }
 
+/// Up to 512 blocks' worth of per-block token scales on the stack, sized to the row (32, 128
+/// or 512 entries: zeroing a large buffer per call would cost more than it saves on narrow
+/// matrices), given to `f`; `None` for longer rows.
+#[cfg(target_arch = "x86_64")]
+fn with_block_scales<S: Copy + Default, R>(nb: usize, f: impl FnOnce(&mut [S]) -> R) -> Option<R> {
+    match nb {
+        0..=32 => Some(f(&mut [S::default(); 32][..nb])),
+        33..=128 => Some(f(&mut [S::default(); 128][..nb])),
+        129..=512 => Some(f(&mut [S::default(); 512][..nb])),
+        _ => None,
+    }
+}
+
+/// Runs the weight rows `0..n_rows` in tiles of 4, then 2, then 1 (the `tileR(i)` calls compute
+/// rows `i..i + R` for the `N` tokens) and writes row `i + k`'s result for token `t` to
+/// `y[t][i + k]`.
+#[cfg(target_arch = "x86_64")]
+fn in_row_tiles<const N: usize>(
+    n_rows: usize,
+    mut y: [&mut [f32]; N],
+    tile4: impl Fn(usize) -> [[f32; N]; 4],
+    tile2: impl Fn(usize) -> [[f32; N]; 2],
+    tile1: impl Fn(usize) -> [[f32; N]; 1],
+) {
+    fn put<const N: usize, const R: usize>(y: &mut [&mut [f32]; N], i: usize, out: [[f32; N]; R]) {
+        for (k, row) in out.iter().enumerate() {
+            for (yt, v) in y.iter_mut().zip(row) {
+                yt[i + k] = *v;
+            }
+        }
+    }
+    let mut i = 0;
+    while n_rows - i >= 4 {
+        put(&mut y, i, tile4(i));
+        i += 4;
+    }
+    if n_rows - i >= 2 {
+        put(&mut y, i, tile2(i));
+        i += 2;
+    }
+    if n_rows - i >= 1 {
+        put(&mut y, i, tile1(i));
+    }
+}
+
 /// [`Kernels::matvec_tokens`] of Q4_1 weights with `N` (at most 4) tokens and AVX-512: the
 /// tokens' block scales converted once, then tiles of 4 weight rows (2, 1 for the rest) through
 /// `avx512::dot_q4_1_q8_1_tile`. `w` holds whole rows of `rb` bytes.
@@ -1134,56 +1179,34 @@ fn avx512_q4_1_tokens<const N: usize>(
     y: [&mut [f32]; N],
 ) {
     let nb = rb / std::mem::size_of::<BlockQ4_1>();
-    let n_rows = w.len() / rb;
-    let row = |r: usize| blocks::<BlockQ4_1>(&w[r * rb..(r + 1) * rb]);
-    let mut y = y;
-    macro_rules! tiles {
-        ($cap:literal) => {{
-            // Sized to the row, on the stack (as for Q8_0's scales).
-            let mut sc = [[0f32; 8]; $cap];
-            avx512::q8_1_token_scales(x, &mut sc[..nb]);
-            let sc = &sc[..nb];
-            let mut i = 0;
-            macro_rules! rows {
-                ($r:literal) => {
-                    while n_rows - i >= $r {
-                        // SAFETY: the token's AVX-512 features were detected; every row has
-                        // `nb` blocks, and every activation row and `sc` at least that many
-                        // (checked by the caller, `sc` sized here).
-                        let out = unsafe {
-                            avx512::dot_q4_1_q8_1_tile::<$r, N>(
-                                std::array::from_fn(|k| row(i + k)),
-                                x,
-                                sc,
-                            )
-                        };
-                        for (k, ok) in out.iter().enumerate() {
-                            for (yt, v) in y.iter_mut().zip(ok) {
-                                yt[i + k] = *v;
-                            }
-                        }
-                        i += $r;
-                    }
-                };
-            }
-            rows!(4);
-            rows!(2);
-            rows!(1);
-        }};
-    }
-    match nb {
-        0..=32 => tiles!(32),
-        33..=128 => tiles!(128),
-        129..=512 => tiles!(512),
-        _ => {
-            for (i, wr) in w.chunks_exact(rb).enumerate() {
-                let r = avx2::dot_q4_1_q8_1_xn(t, blocks(wr), x);
-                for (yt, rt) in y.iter_mut().zip(r) {
-                    yt[i] = rt;
-                }
+    if nb > 512 {
+        // Longer rows than the scales' stack buffer: one row at a time.
+        let mut y = y;
+        for (i, wr) in w.chunks_exact(rb).enumerate() {
+            let r = avx2::dot_q4_1_q8_1_xn(t, blocks(wr), x);
+            for (yt, rt) in y.iter_mut().zip(r) {
+                yt[i] = rt;
             }
         }
+        return;
     }
+    let row = |r: usize| blocks(&w[r * rb..(r + 1) * rb]);
+    with_block_scales(nb, |sc: &mut [[f32; 8]]| {
+        avx512::q8_1_token_scales(x, sc);
+        let sc = &*sc;
+        macro_rules! tile {
+            ($r:literal) => {
+                // SAFETY: the token's AVX-512 features were detected; every row has `nb`
+                // blocks, and every activation row and `sc` at least that many (checked by
+                // the caller, `sc` sized here).
+                |i| unsafe {
+                    avx512::dot_q4_1_q8_1_tile::<$r, N>(std::array::from_fn(|k| row(i + k)), x, sc)
+                }
+            };
+        }
+        in_row_tiles(w.len() / rb, y, tile!(4), tile!(2), tile!(1));
+    })
+    .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
 }
 
 /// [`Kernels::matvec_tokens`] (and, with `N` = 1, [`Kernels::matvec`]) of Q5_0 weights with
@@ -1197,51 +1220,23 @@ fn avx512_q5_0_tokens<const N: usize>(
     x: [&[BlockQ8_0]; N],
     y: [&mut [f32]; N],
 ) {
-    let nb = x[0].len();
-    let n_rows = w.len() / rb;
-    let mut y = y;
-    macro_rules! tiles {
-        ($cap:literal) => {{
-            // Sized to the row, on the stack (zeroing a large buffer per call would cost more
-            // than it saves on narrow matrices).
-            let mut dx = [[0f32; 4]; $cap];
-            avx2::q8_0_token_scales(x, &mut dx[..nb]);
-            let dx = &dx[..nb];
-            let mut i = 0;
-            macro_rules! rows {
-                ($r:literal) => {
-                    while n_rows - i >= $r {
-                        let rows = i..i + $r;
-                        // SAFETY: this runs only where the AVX-512 features were detected (the
-                        // caller's token); every row has `nb` blocks, every activation row
-                        // at least that many (checked by the caller), `dx` exactly.
-                        let out = unsafe {
-                            avx512::dot_q5_0_q8_0_tile::<$r, N>(
-                                std::array::from_fn(|k| blocks(&w[(i + k) * rb..][..rb])),
-                                x,
-                                dx,
-                            )
-                        };
-                        for (r, ok) in rows.zip(out.iter()) {
-                            for (yt, v) in y.iter_mut().zip(ok) {
-                                yt[r] = *v;
-                            }
-                        }
-                        i += $r;
-                    }
-                };
-            }
-            rows!(4);
-            rows!(2);
-            rows!(1);
-        }};
-    }
-    match nb {
-        0..=32 => tiles!(32),
-        33..=128 => tiles!(128),
-        129..=512 => tiles!(512),
-        _ => unreachable!("matvec: the caller takes rows of at most 512 blocks here"),
-    }
+    let row = |r: usize| blocks(&w[r * rb..(r + 1) * rb]);
+    with_block_scales(x[0].len(), |dx: &mut [[f32; 4]]| {
+        avx2::q8_0_token_scales(x, dx);
+        let dx = &*dx;
+        macro_rules! tile {
+            ($r:literal) => {
+                // SAFETY: this runs only where the AVX-512 features were detected (the
+                // caller's token); every activation row has at least a weight row's blocks
+                // (checked by the caller), `dx` exactly as many.
+                |i| unsafe {
+                    avx512::dot_q5_0_q8_0_tile::<$r, N>(std::array::from_fn(|k| row(i + k)), x, dx)
+                }
+            };
+        }
+        in_row_tiles(w.len() / rb, y, tile!(4), tile!(2), tile!(1));
+    })
+    .unwrap_or_else(|| unreachable!("matvec: the caller takes rows of at most 512 blocks here"));
 }
 
 /// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).

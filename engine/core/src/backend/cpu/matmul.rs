@@ -2,6 +2,7 @@
 //! rows once (claiming chunks, and stealing the last ones, where a share is large); prefill
 //! runs rows in chunks that stay in L2 while 8 or 4 tokens at a time use them.
 
+use edge_gguf::GgmlType;
 use edge_kernels::cpu::{MATVEC_TOKENS, MATVEC_TOKENS8};
 use edge_kernels::steal;
 
@@ -80,7 +81,7 @@ impl OpCtx<'_> {
                 min_rows,
             );
             for rows in self.exec.claims.claimed(plan, self.tag, self.tid) {
-                self.matmul_rows(weight, xq, xrb, n_tok, rows, out);
+                self.matmul_rows(w.ty, w.row_len, bytes, xq, xrb, n_tok, rows, out);
             }
             return;
         }
@@ -96,28 +97,28 @@ impl OpCtx<'_> {
         let mut start = mine.start;
         while start < mine.end {
             let end = (start + chunk).min(mine.end);
-            self.matmul_rows(weight, xq, xrb, n_tok, start..end, out);
+            self.matmul_rows(w.ty, w.row_len, bytes, xq, xrb, n_tok, start..end, out);
             start = end;
         }
     }
 
-    /// out[t][rows] = weight rows `rows` · x[t] for every token, in groups of 8 tokens where a
-    /// kernel takes them (prefill), then of 4, 3 and 2 (they share each weight row's
-    /// unpacking: the decode step of sessions running together, or the end of a prompt
-    /// chunk), then one at a time.
+    /// out[t][rows] = rows `rows` of the weight (type `wt`, rows of `n` values, `bytes`) · x[t]
+    /// for every token, in groups of 8 tokens where a kernel takes them (prefill), then of 4,
+    /// 3 and 2 (they share each weight row's unpacking: the decode step of sessions running
+    /// together, or the end of a prompt chunk), then one at a time.
+    #[allow(clippy::too_many_arguments)]
     fn matmul_rows(
         &self,
-        weight: WeightId,
+        wt: GgmlType,
+        n: usize,
+        bytes: &[u8],
         xq: &[u8],
         xrb: usize,
         n_tok: usize,
         rows: std::ops::Range<usize>,
         out: ValueId,
     ) {
-        let w = self.model.weight(weight);
-        let bytes = self.model.weight_bytes(weight);
         let k = &self.exec.kernels;
-        let (wt, n) = (w.ty, w.row_len);
         let mut t =
             self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &rows, |xs, ys| {
                 k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
