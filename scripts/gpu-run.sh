@@ -119,6 +119,17 @@ step generate-q4_k_m 45 "$BIN/edge-run" "$KMODEL" -p "The capital of France is" 
 # the q8_0 KV cache, through the binary.
 step generate-sampled 45 "$BIN/edge-run" "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --seed 7 --device cuda
 step generate-kv-q8_0 45 "$BIN/edge-run" "$MODEL" -p "The capital of France is" -n 32 --temp 0 --kv-type q8_0 --device cuda
+# Constrained output on the device (issue 20): the grammar's mask is uploaded and the masked
+# logits are sampled there (one token id comes back per step); each answer must parse as JSON.
+SCHEMA='{"type": "object", "properties": {"action": {"enum": ["move", "turn", "stop"]}, "distance": {"type": "number", "minimum": 0, "maximum": 10}}, "required": ["action", "distance"]}'
+step constrained-greedy 45 sh -c '"$@" > "$0" && cat "$0"' "$OUT/constrained-greedy.txt" \
+    "$BIN/edge-run" "$MODEL" --chat -p "Move forward 2 meters" -n 64 --temp 0 -j "$SCHEMA" --device cuda
+step constrained-sampled 45 sh -c '"$@" > "$0" && cat "$0"' "$OUT/constrained-sampled.txt" \
+    "$BIN/edge-run" "$MODEL" --chat -p "Turn left" -n 64 --temp 0.8 --seed 7 -j "$SCHEMA" --device cuda
+for s in greedy sampled; do
+    step "constrained-$s-parses" 10 python3 -c 'import json, sys; print(json.loads(open(sys.argv[1]).read()))' \
+        "$OUT/constrained-$s.txt"
+done
 unset RUST_LOG
 for v in nographs register managed cpu; do
     if cmp -s "$OUT/gen-upload.txt" "$OUT/gen-$v.txt"; then same=same; else same=DIFFERENT; fi

@@ -46,6 +46,7 @@ if [ "${EDGE_RUN_SKIP_CUDA:-0}" != "1" ]; then
   run cargo test --release -p edge-engine --features cuda --lib -- backend::cuda device::
   run cargo test --release -p edge-run --features cuda --test cli -- device plan_reports
   run cargo test --release -p edge-tests --features cuda --test cuda_reference
+  run cargo test --release -p edge-tests --features cuda --test constrained_output -- cuda
 fi
 # One line: how many tests were ignored, by reason (libtest prints "... ignored, REASON").
 python3 - "$LOG" <<'PY'

@@ -16,6 +16,7 @@ use edge_engine::constrain::tools::{
     parse_tool_calls, parse_tools, tool_call_constraint, ToolCall, ToolCallSyntax, ToolChoice,
 };
 use edge_engine::constrain::Constraint;
+use edge_engine::device::Device;
 use edge_engine::generate::{GenerateOptions, StopReason};
 use edge_engine::model::Model;
 use edge_engine::sampling::SamplerConfig;
@@ -29,11 +30,16 @@ fn reference() -> PathBuf {
 }
 
 fn load() -> (Arc<Model>, Session) {
+    load_on(Device::Cpu)
+}
+
+fn load_on(device: Device) -> (Arc<Model>, Session) {
     let model = Arc::new(Model::load(smollm2_path()).expect("model"));
     let session = Session::new(
         model.clone(),
         &SessionConfig {
             ctx: Some(4096),
+            device,
             ..Default::default()
         },
     )
@@ -311,7 +317,11 @@ fn the_output_bound_counts_what_the_schemas_allow() {
 /// schema's token budget is [`max_output_bytes`] + 1: every schema of the set is bounded, and
 /// its budget fits its longest output, so none can be cut.
 fn json_schemas_validate(how: &str, options: &GenerateOptions) {
-    let (model, mut session) = load();
+    json_schemas_validate_on(Device::Cpu, how, options)
+}
+
+fn json_schemas_validate_on(device: Device, how: &str, options: &GenerateOptions) {
+    let (model, mut session) = load_on(device);
     let chat = template(&model, model.chat_template.as_deref().expect("template"));
     let dir = reference().join("json-schemas");
     let prompts: Value =
@@ -349,7 +359,7 @@ fn json_schemas_validate(how: &str, options: &GenerateOptions) {
             );
         }
     }
-    validate(&format!("json-schemas-{how}"), &records);
+    validate(&format!("json-schemas-{how}-{device}"), &records);
 }
 
 #[test]
@@ -362,6 +372,17 @@ fn json_schemas_greedy_outputs_validate() {
 fn json_schemas_sampled_outputs_validate() {
     let [_, (how, options)] = both_samplers(0);
     json_schemas_validate(how, &options);
+}
+
+/// The same on the CUDA backend, where a constrained step uploads the grammar's mask and
+/// samples on the device (one token id copied back, never the logits): every output parses
+/// and validates, greedy and sampled.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on one (scripts/gpu-run.sh)"]
+fn json_schemas_validate_on_cuda() {
+    for (how, options) in both_samplers(0) {
+        json_schemas_validate_on(Device::Cuda(0), how, &options);
+    }
 }
 
 #[test]

@@ -127,7 +127,7 @@ pub fn plan(a: PlanArgs) -> CliResult {
         ),
     ));
     let scratch_note = if plan.cuda.is_some() {
-        "attention partials + parameter block (on the device)".to_string()
+        "attention partials, parameter block, constrained-step buffer (on the device)".to_string()
     } else {
         format!(
             "{} threads x {}",
@@ -176,7 +176,7 @@ pub fn plan(a: PlanArgs) -> CliResult {
         lines.push(row(
             "scratch",
             c.scratch_bytes,
-            "attention partials + parameters".into(),
+            "attention partials, parameters, constrained-step buffer".into(),
         ));
         lines.push(row(
             "total on the device",

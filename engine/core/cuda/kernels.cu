@@ -1219,6 +1219,19 @@ extern "C" __global__ void argmax_f32(const float* x, int n, Params* params) {
     if (threadIdx.x == 0) params->argmax = bi[0] == 0x7fffffff ? 0 : bi[0];
 }
 
+// out[i] = x[i] where bit i of `allowed` is set (bit i % 32 of word i / 32, llguidance's mask
+// layout), -inf elsewhere and past the `n_words` words: a constrained step's masked logits,
+// built from an uploaded mask instead of copying the logits to the host.
+// grid: ceil(n / 256); block: 256.
+extern "C" __global__ void mask_logits_f32(const float* x, int n, const unsigned* allowed, int n_words,
+                                           float* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int w = i >> 5;
+    bool ok = w < n_words && ((allowed[w] >> (i & 31)) & 1u);
+    out[i] = ok ? x[i] : -INFINITY;
+}
+
 // ---- sampling ---------------------------------------------------------------------------------------
 
 #define SAMPLE_MAX_K 1024 // mirrors cuda::SAMPLE_MAX_TOP_K

@@ -56,6 +56,22 @@ pub trait Backend: Send {
         Ok(sampler.sample(self.output(graph)?))
     }
 
+    /// [`Backend::sample`] of the last run's output with every value whose bit in `allowed` is
+    /// clear at -inf (bit `i % 32` of word `i / 32`, the layout of llguidance's masks; ids past
+    /// the words are refused): a constrained step. `Ok(None)`: this backend leaves that to the
+    /// caller, which masks a host copy of [`Backend::output`] (the CPU, whose output is already
+    /// on the host). A GPU uploads the mask, masks and samples there, and copies back one
+    /// token id instead of the logits.
+    fn sample_masked(
+        &self,
+        graph: &PlannedGraph,
+        allowed: &[u32],
+        sampler: &mut Sampler,
+    ) -> Result<Option<u32>> {
+        let _ = (graph, allowed, sampler);
+        Ok(None)
+    }
+
     /// Whether the last run's output is finite where it matters: `chosen` is the index a
     /// sampler picked from it. The default checks every value (on the host that is a pass
     /// over one row, far below a run's cost); a GPU checks the chosen value, one copy of 4 bytes,
@@ -128,6 +144,8 @@ pub struct Shape {
     pub head_dim: usize,
     /// Tiled attention.
     pub flash_attn: bool,
+    /// Values of the output row (a decoder's logits).
+    pub n_vocab: usize,
 }
 
 /// What a backend allocates for one session: the sizes its plan resolved (a backend sees

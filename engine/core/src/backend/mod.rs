@@ -35,6 +35,7 @@ pub fn scratch_bytes(device: Device, shape: &Shape) -> Option<usize> {
             shape.ctx,
             shape.n_head,
             shape.head_dim,
+            shape.n_vocab,
         )),
     }
 }

@@ -22,6 +22,22 @@ enum Phase {
     Active,
 }
 
+/// The last run's output where a backend holds it (a GPU's logits): what
+/// [`Guide::sample_on`] asks of it.
+pub(crate) trait OutputOnDevice {
+    /// The output's argmax (the lowest id on ties), computed where it lies.
+    fn argmax(&self) -> crate::error::Result<u32>;
+    /// `sampler`'s token from the output with the tokens `allowed` clears at -inf
+    /// ([`crate::backend::Backend::sample_masked`]); `None`: to be done on the host.
+    fn sample_masked(
+        &self,
+        allowed: &[u32],
+        sampler: &mut Sampler,
+    ) -> crate::error::Result<Option<u32>>;
+    /// The output, copied to the host.
+    fn host(&self) -> crate::error::Result<&[f32]>;
+}
+
 /// What [`Guide::choose`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Choice {
@@ -50,6 +66,9 @@ pub(crate) struct Guide {
     phase: Phase,
     /// The logits with every disallowed token at -inf; `n_vocab` long, allocated once.
     masked: Vec<f32>,
+    /// The last mask computed, end-of-generation tokens set as the grammar decides (bit
+    /// `i % 32` of word `i / 32`); `n_vocab` bits, allocated once. A GPU uploads it.
+    words: Vec<u32>,
     eog: Vec<u32>,
     /// Steps that computed a mask, and the time spent in the constraint (masks and commits).
     n_masks: u32,
@@ -80,6 +99,7 @@ impl Guide {
         Ok(Guide {
             phase,
             masked: vec![f32::NEG_INFINITY; vocab.trie().vocab_size()],
+            words: vec![0; vocab.trie().vocab_size().div_ceil(32)],
             eog: vocab.eog_tokens().to_vec(),
             n_masks: 0,
             busy: std::time::Duration::ZERO,
@@ -115,6 +135,18 @@ impl Guide {
     }
 
     fn choose_inner(&mut self, logits: &[f32]) -> Result<Choice, ConstraintError> {
+        let choice = self.decide()?;
+        if choice == Choice::Masked {
+            self.write_masked(logits);
+        }
+        Ok(choice)
+    }
+
+    /// Decides a step without the logits where the grammar can: a waiting constraint, one
+    /// token allowed, or the end forced. Otherwise computes the mask into `words`, every
+    /// end-of-generation token of the model allowed where the grammar accepts (not only the
+    /// one the trie calls EOS) and refused elsewhere, and says [`Choice::Masked`].
+    fn decide(&mut self) -> Result<Choice, ConstraintError> {
         if !self.is_active() {
             return Ok(Choice::Free);
         }
@@ -143,26 +175,44 @@ impl Guide {
             mask.iter_set_entries(|i| only = i as u32);
             return Ok(Choice::Forced(only));
         }
-        let n = self.masked.len().min(logits.len());
-        self.masked[..n].fill(f32::NEG_INFINITY);
-        mask.iter_set_entries(|i| {
-            if i < n {
-                self.masked[i] = logits[i];
-            }
-        });
-        // End of generation where the grammar accepts: every EOG token of the model, not only
-        // the one the trie calls EOS.
+        let src = mask.as_slice();
+        let n = self.words.len().min(src.len());
+        self.words[..n].copy_from_slice(&src[..n]);
+        self.words[n..].fill(0);
         for &t in &self.eog {
-            let i = t as usize;
-            if i < n {
-                self.masked[i] = if eos_allowed {
-                    logits[i]
+            let (w, bit) = (t as usize / 32, 1u32 << (t % 32));
+            if let Some(word) = self.words.get_mut(w) {
+                *word = if eos_allowed {
+                    *word | bit
                 } else {
-                    f32::NEG_INFINITY
+                    *word & !bit
                 };
             }
         }
+        // Bits past the vocabulary (the last word's tail) allow nothing.
+        let n_vocab = self.masked.len();
+        if !n_vocab.is_multiple_of(32) {
+            if let Some(last) = self.words.last_mut() {
+                *last &= (1u32 << (n_vocab % 32)) - 1;
+            }
+        }
         Ok(Choice::Masked)
+    }
+
+    /// Writes `logits` under the mask in `words` to `masked`: disallowed tokens at -inf.
+    fn write_masked(&mut self, logits: &[f32]) {
+        let n = self.masked.len().min(logits.len());
+        self.masked[..n].fill(f32::NEG_INFINITY);
+        for (w, &word) in self.words.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let i = w * 32 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if i < n {
+                    self.masked[i] = logits[i];
+                }
+            }
+        }
     }
 
     /// Samples with `sampler` from `logits` under the constraint (the CPU path; a waiting lazy
@@ -233,25 +283,71 @@ impl Guide {
         let mut accepts: Option<bool> = None;
         sampler
             .sample_checked(logits, EXTRA_CHECKS, |token| {
-                if (token as usize) >= n_vocab {
-                    Ok(Verdict::Refused)
-                } else if eog.contains(&token) {
-                    let ok = match accepts {
-                        Some(ok) => ok,
-                        None => *accepts.insert(accepts_end(matcher, eog, n_vocab)?),
-                    };
-                    Ok(if ok {
-                        Verdict::EndOfGeneration
-                    } else {
-                        Verdict::Refused
-                    })
-                } else if valid(matcher, token)? {
-                    Ok(Verdict::Text)
-                } else {
-                    Ok(Verdict::Refused)
-                }
+                verdict(matcher, eog, n_vocab, &mut accepts, token)
             })
             .map(|t| t.map_or(Checked::Undecided, Checked::Token))
+    }
+
+    /// [`Guide::sample`] where the logits stay with the backend (a GPU, `out`): the same token
+    /// and the same generator state as `sample` of the host copy, with one token id copied
+    /// back per step instead of the logits. Greedy asks the grammar about the device's
+    /// argmax first (the masked argmax where it is allowed text, as `sample`'s first check);
+    /// otherwise the mask is computed without the logits and handed to the backend, which
+    /// masks and samples where they lie ([`crate::backend::Backend::sample_masked`]). A
+    /// sampler that must see the logits (a repetition penalty with history) or a backend
+    /// that declines gets the host copy.
+    pub(crate) fn sample_on(
+        &mut self,
+        out: &impl OutputOnDevice,
+        sampler: &mut Sampler,
+    ) -> crate::error::Result<u32> {
+        // Greedy without a penalty to apply: its token is the (masked) argmax.
+        let greedy = match sampler.device_sampling(1, 1) {
+            None => return Ok(self.sample(out.host()?, sampler)?),
+            Some(ds) => ds.greedy,
+        };
+        if !self.is_active() {
+            return Ok(self.sample(out.host()?, sampler)?);
+        }
+        if greedy && !self.matcher.is_stopped() && !self.mask_only {
+            let best = out.argmax()?;
+            let t0 = std::time::Instant::now();
+            let checked = self.check_one(best);
+            self.busy += t0.elapsed();
+            if checked? {
+                self.n_checked += 1;
+                return Ok(best);
+            }
+        }
+        let t0 = std::time::Instant::now();
+        let choice = self.decide();
+        self.busy += t0.elapsed();
+        Ok(match choice? {
+            Choice::Forced(t) => t,
+            Choice::Free => sampler.sample(out.host()?),
+            Choice::Masked => match out.sample_masked(&self.words, sampler)? {
+                Some(t) => t,
+                None => {
+                    let logits = out.host()?;
+                    self.write_masked(logits);
+                    sampler.sample(&self.masked)
+                }
+            },
+        })
+    }
+
+    /// Whether `token`, the unmasked argmax, is the step's token: allowed text, and no bytes
+    /// forced here that llguidance would turn into its own token (see [`Guide::sample`]).
+    fn check_one(&mut self, token: u32) -> Result<bool, ConstraintError> {
+        if self.may_force && !self.matcher.compute_ff_bytes().is_empty() {
+            return Ok(false);
+        }
+        if let Some(e) = self.matcher.get_error() {
+            return Err(ConstraintError::new("constrained decoding", e));
+        }
+        let n_vocab = self.masked.len();
+        let v = verdict(&mut self.matcher, &self.eog, n_vocab, &mut None, token)?;
+        Ok(v == Verdict::Text)
     }
 
     /// Whether `token` ends generation under the grammar (an EOG token).
@@ -322,6 +418,34 @@ impl Guide {
     }
 }
 
+/// What the grammar says of `token` next (without consuming it): refused, text, or an allowed
+/// end of generation. `accepts` caches whether the grammar accepts here, asked once a step.
+fn verdict(
+    matcher: &mut Matcher,
+    eog: &[u32],
+    n_vocab: usize,
+    accepts: &mut Option<bool>,
+    token: u32,
+) -> Result<Verdict, ConstraintError> {
+    if (token as usize) >= n_vocab {
+        Ok(Verdict::Refused)
+    } else if eog.contains(&token) {
+        let ok = match *accepts {
+            Some(ok) => ok,
+            None => *accepts.insert(accepts_end(matcher, eog, n_vocab)?),
+        };
+        Ok(if ok {
+            Verdict::EndOfGeneration
+        } else {
+            Verdict::Refused
+        })
+    } else if valid(matcher, token)? {
+        Ok(Verdict::Text)
+    } else {
+        Ok(Verdict::Refused)
+    }
+}
+
 /// Whether the grammar allows `token` next (without consuming it).
 fn valid(matcher: &mut Matcher, token: u32) -> Result<bool, ConstraintError> {
     matcher
@@ -348,3 +472,7 @@ fn accepts_end(
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+#[cfg(test)]
+#[path = "guide_tests.rs"]
+mod tests;

@@ -31,6 +31,6 @@ pub mod tools;
 mod vocab;
 
 pub use gbnf::gbnf_to_lark;
-pub(crate) use guide::Guide;
+pub(crate) use guide::{Guide, OutputOnDevice};
 pub use spec::{Constraint, ConstraintError, ConstraintKind};
 pub use vocab::ConstraintVocab;

@@ -430,8 +430,16 @@ impl Session {
                 "no logits yet: process some tokens first".into(),
             ));
         }
-        let logits = self.try_logits()?;
-        let token = guide.sample(logits, sampler)?;
+        let token = if self.backend.device().is_cuda() {
+            // The logits stay on the device: the mask goes up, one token id comes back.
+            let out = BackendOutput {
+                backend: &*self.backend,
+                graph: self.last_graph(),
+            };
+            guide.sample_on(&out, sampler)?
+        } else {
+            guide.sample(self.try_logits()?, sampler)?
+        };
         self.check_finite(token)?;
         Ok(token)
     }
@@ -521,5 +529,30 @@ impl Session {
         self.has_logits = true;
         self.last_graph_is_prefill = use_prefill && self.prefill.is_some();
         Ok(())
+    }
+}
+
+/// A session's last output where its backend holds it, for a constrained step
+/// ([`crate::constrain::Guide::sample_on`]).
+struct BackendOutput<'a> {
+    backend: &'a dyn Backend,
+    graph: &'a PlannedGraph,
+}
+
+impl crate::constrain::OutputOnDevice for BackendOutput<'_> {
+    fn argmax(&self) -> Result<u32> {
+        self.backend.argmax(self.graph)
+    }
+
+    fn sample_masked(
+        &self,
+        allowed: &[u32],
+        sampler: &mut crate::sampling::Sampler,
+    ) -> Result<Option<u32>> {
+        self.backend.sample_masked(self.graph, allowed, sampler)
+    }
+
+    fn host(&self) -> Result<&[f32]> {
+        self.backend.output(self.graph)
     }
 }

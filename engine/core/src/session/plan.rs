@@ -199,6 +199,7 @@ impl SessionPlan {
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
             flash_attn,
+            n_vocab: p.n_vocab,
         };
         let scratch_bytes = backend::scratch_bytes(cfg.device, &shape)
             .ok_or_else(|| too_large("the scratch would not fit in memory"))?;

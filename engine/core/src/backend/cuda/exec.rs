@@ -33,7 +33,7 @@ use edge_gguf::GgmlType;
 use edge_kernels::{Kernels, Q8Rounding};
 
 use super::device::{context, device_attrs, drv, place_weights, DeviceAlloc, WeightsMem};
-use super::host::{self, WeightPath, QUANT_MATMUL};
+use super::host::{self, ConstraintLayout, WeightPath, QUANT_MATMUL};
 use super::module;
 use crate::backend::interface::{check_kv_range, Allocation, Backend};
 use crate::device::Device;
@@ -67,6 +67,7 @@ pub(super) struct CudaKernels {
     pub(super) copy_row: CudaFunction,
     pub(super) argmax: CudaFunction,
     pub(super) sample_top_k: CudaFunction,
+    pub(super) mask_logits: CudaFunction,
 }
 
 impl CudaKernels {
@@ -101,6 +102,7 @@ impl CudaKernels {
             copy_row: f("copy_row")?,
             argmax: f("argmax_f32")?,
             sample_top_k: f("sample_top_k")?,
+            mask_logits: f("mask_logits_f32")?,
         })
     }
 }
@@ -159,7 +161,7 @@ pub const SAMPLE_MAX_TOP_K: usize = 1024;
 
 /// Index of the argmax result in the parameter block (i32 words). Mirrors `Params` in
 /// kernels.cu: [pos0, n_tokens, argmax, pad, tokens...].
-const PARAM_ARGMAX: usize = 2;
+pub(super) const PARAM_ARGMAX: usize = 2;
 const PARAM_TOKENS: usize = 4;
 
 /// The device a CUDA session runs on, with everything it allocated.
@@ -173,6 +175,10 @@ pub struct CudaExecutor {
     pub(super) params: DeviceAlloc,
     /// The device sampler's result: token id and whether it used the random draw (2 i32s).
     pub(super) sample_out: DeviceAlloc,
+    /// A constrained step's buffers: the uploaded mask, the masked logits and their argmax
+    /// (laid out as `constraint_layout`).
+    pub(super) constraint: DeviceAlloc,
+    pub(super) constraint_layout: ConstraintLayout,
     _weights: WeightsMem,
     /// Device address of each weight (indexed like `Model::weights`).
     pub(super) wptr: Vec<u64>,
@@ -275,6 +281,8 @@ impl CudaExecutor {
         )?;
         let params = DeviceAlloc::new(&ctx, host::params_bytes(ubatch), false)?;
         let sample_out = DeviceAlloc::new(&ctx, 8, false)?;
+        let constraint_layout = ConstraintLayout::new(p.n_vocab);
+        let constraint = DeviceAlloc::new(&ctx, constraint_layout.bytes, false)?;
         let q8_flavour = match q8 {
             Q8Rounding::GgmlRef => 0,
             Q8Rounding::GgmlX86 => 1,
@@ -294,6 +302,8 @@ impl CudaExecutor {
             partial,
             params,
             sample_out,
+            constraint,
+            constraint_layout,
             _weights: weights_mem,
             wptr,
             host_params: vec![0; PARAM_TOKENS + ubatch],
@@ -424,78 +434,6 @@ impl CudaExecutor {
         launch(&self.stream, f, grid, block, args)
     }
 
-    /// The argmax of the last run's logits (computed on the device; copies one i32).
-    pub fn argmax_on_device(&self) -> Result<u32, String> {
-        self.ctx.bind_to_thread().map_err(drv("bind"))?;
-        let mut v = [0i32; 1];
-        // SAFETY: the parameter block holds at least PARAM_TOKENS i32s; the stream is
-        // synchronized before `v` is read or dropped.
-        unsafe {
-            result::memcpy_dtoh_async(
-                &mut v,
-                self.params.ptr + (PARAM_ARGMAX * 4) as u64,
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(drv("copy argmax"))?;
-        self.stream.synchronize().map_err(drv("argmax"))?;
-        Ok(v[0].max(0) as u32)
-    }
-
-    /// Samples the last run's logits on the device as the CPU's `Sampler::sample` would with
-    /// settings `ds` and the uniform draw `uniform` (see [`crate::sampling::DeviceSampling`]);
-    /// copies back the token id and whether the draw was used, never the logits. Greedy
-    /// settings use the run's device argmax. `Err` names why (a top-k the kernel cannot take,
-    /// fewer logits than `ds.n`, a driver error).
-    pub fn sample_on_device(
-        &self,
-        ds: &crate::sampling::DeviceSampling,
-        uniform: f64,
-    ) -> Result<(u32, bool), String> {
-        let (src, len) = self.logits_src;
-        if ds.n != len {
-            return Err(format!(
-                "cuda sampler: {} of {len} logits asked for; sample on the host",
-                ds.n
-            ));
-        }
-        if ds.greedy {
-            return Ok((self.argmax_on_device()?, false));
-        }
-        if ds.top_k == 0 || ds.top_k > SAMPLE_MAX_TOP_K.min(len) {
-            return Err(format!(
-                "cuda sampler: top-k {} outside 1..={}; sample on the host",
-                ds.top_k,
-                SAMPLE_MAX_TOP_K.min(len)
-            ));
-        }
-        self.ctx.bind_to_thread().map_err(drv("bind"))?;
-        launch(
-            &self.stream,
-            &self.k.sample_top_k,
-            (1, 1),
-            1024,
-            &[
-                Arg::U64(src),
-                Arg::I32(len as i32),
-                Arg::I32(ds.top_k as i32),
-                Arg::F32(ds.temperature),
-                Arg::I32(i32::from(ds.top_p.is_some())),
-                Arg::F32(ds.top_p.unwrap_or(1.0)),
-                Arg::I32(i32::from(ds.ln_min_p.is_some())),
-                Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
-                Arg::F64(uniform),
-                Arg::U64(self.sample_out.ptr),
-            ],
-        )?;
-        let mut v = [0i32; 2];
-        // SAFETY: sample_out holds 2 i32s; the stream is synchronized before `v` is read.
-        unsafe { result::memcpy_dtoh_async(&mut v, self.sample_out.ptr, self.stream.cu_stream()) }
-            .map_err(drv("copy sample"))?;
-        self.stream.synchronize().map_err(drv("sample"))?;
-        Ok((v[0].max(0) as u32, v[1] != 0))
-    }
-
     /// Logit `index` of the last run (one f32 copied), `None` outside the logits.
     pub fn logit_at(&self, index: usize) -> Result<Option<f32>, String> {
         let (src, len) = self.logits_src;
@@ -622,6 +560,18 @@ impl Backend for CudaExecutor {
             }
         }
         Ok(sampler.sample(self.output(graph)?))
+    }
+
+    /// Uploads the mask and samples on the device ([`CudaExecutor::sample_masked_on_device`]):
+    /// a constrained step copies a few KiB up and one token id back, never the logits.
+    fn sample_masked(
+        &self,
+        _graph: &PlannedGraph,
+        allowed: &[u32],
+        sampler: &mut Sampler,
+    ) -> EngineResult<Option<u32>> {
+        self.sample_masked_on_device(allowed, sampler)
+            .map_err(|e| EngineError::Device(e.into()))
     }
 
     fn output_finite(&self, _graph: &PlannedGraph, chosen: u32) -> EngineResult<bool> {

@@ -69,9 +69,57 @@ pub fn cuda_unsupported(model: &Model) -> Option<Hint> {
 }
 
 /// Bytes of the CUDA backend's scratch for a session of `ubatch` tokens per run over `ctx`
-/// positions: the attention partials and the parameter block (the threads only feed the GPU).
-pub fn scratch_bytes(ubatch: usize, ctx: usize, n_head: usize, head_dim: usize) -> usize {
-    attn_partial_bytes(ubatch, ctx, n_head, head_dim) + params_bytes(ubatch)
+/// positions and `n_vocab` logits: the attention partials, the parameter block and the
+/// constrained-decoding buffers (the threads only feed the GPU).
+pub fn scratch_bytes(
+    ubatch: usize,
+    ctx: usize,
+    n_head: usize,
+    head_dim: usize,
+    n_vocab: usize,
+) -> usize {
+    attn_partial_bytes(ubatch, ctx, n_head, head_dim)
+        + params_bytes(ubatch)
+        + constraint_bytes(n_vocab)
+}
+
+/// Bytes of a constrained step's device buffers for `n_vocab` logits, laid out as
+/// [`ConstraintLayout`]: a parameter block for the masked argmax, the uploaded mask (one bit
+/// per token) and the masked logits. Allocated with the session, so that a constrained step
+/// uploads its mask instead of copying the logits to the host and allocates nothing.
+pub fn constraint_bytes(n_vocab: usize) -> usize {
+    ConstraintLayout::new(n_vocab).bytes
+}
+
+/// Where the parts of the constraint buffer lie (byte offsets; see [`constraint_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConstraintLayout {
+    /// A parameter block like the run's (`argmax_f32` writes its third i32).
+    pub params: usize,
+    /// The mask words (u32, bit `i % 32` of word `i / 32` allows token `i`).
+    pub mask: usize,
+    /// Words of the mask.
+    pub mask_words: usize,
+    /// The masked logits (f32).
+    pub masked: usize,
+    /// The whole buffer.
+    pub bytes: usize,
+}
+
+impl ConstraintLayout {
+    /// The layout for `n_vocab` logits.
+    pub fn new(n_vocab: usize) -> ConstraintLayout {
+        let mask_words = n_vocab.div_ceil(32);
+        let mask = params_bytes(0);
+        let masked = mask + mask_words * 4;
+        ConstraintLayout {
+            params: 0,
+            mask,
+            mask_words,
+            masked,
+            bytes: masked + n_vocab * 4,
+        }
+    }
 }
 
 /// What a CUDA session of this plan's sizes allocates on the device.

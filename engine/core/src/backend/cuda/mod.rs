@@ -1,5 +1,5 @@
 //! The CUDA backend: runs the same planned graphs as the CPU on an NVIDIA GPU (the executor,
-//! `exec.rs`, and its kernel images, `module.rs`, are built with the `cuda` feature), and the
+//! `exec.rs`, its sampling, `sample.rs`, and its kernel images, `module.rs`, are built with the `cuda` feature), and the
 //! decisions it makes on the host, which need no GPU and are compiled and tested in every
 //! build: whether a model can run on CUDA, how the weights reach the device, and what a CUDA
 //! session allocates.
@@ -13,6 +13,8 @@ mod exec;
 pub mod host;
 #[cfg(feature = "cuda")]
 pub mod module;
+#[cfg(feature = "cuda")]
+mod sample;
 
 #[cfg(feature = "cuda")]
 pub use exec::{CudaExecutor, SAMPLE_MAX_TOP_K};

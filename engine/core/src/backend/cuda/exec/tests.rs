@@ -1225,6 +1225,119 @@ fn device_sampler_matches_cpu_sampler() {
     eprintln!("sampler: {n_checked} samples identical ({n_device} drawn on the device)");
 }
 
+/// `mask_logits_f32` against the host's masking (tokens whose bit is clear at -inf, ids past
+/// the mask's words refused; constrain/guide_tests.rs emulates exactly this), then the masked
+/// argmax and the device sampler on the result against the CPU sampler of the host-masked
+/// logits: random logits of a small, a SmolLM2-sized and a 262,144-token vocabulary, masks
+/// from dense to one token, a mask shorter than the logits.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on one (scripts/gpu-run.sh)"]
+fn masked_logits_match_the_host_mask() {
+    let Some(g) = gpu("mask") else { return };
+    use crate::sampling::{Sampler, SamplerConfig};
+    let mut r = Rng(5);
+    let mut checked = 0;
+    for n in [1000usize, 49152, 262_144] {
+        let logits = r.vec(n, 8.0);
+        let dl = g.buf(&logits);
+        for (di, density) in [1.0f32, 0.5, 0.01, 0.0].into_iter().enumerate() {
+            let short = di == 1; // a mask that covers only the first half of the logits
+            let n_words = if short { n / 64 } else { n.div_ceil(32) };
+            let mut words: Vec<u32> = (0..n_words)
+                .map(|_| {
+                    (0..32).fold(0u32, |w, b| {
+                        w | (u32::from((r.f32() + 1.0) / 2.0 < density) << b)
+                    })
+                })
+                .collect();
+            words[0] |= 1 << 7; // at least two tokens allowed
+            words[n_words - 1] |= 1 << 3;
+            let want: Vec<f32> = (0..n)
+                .map(|i| {
+                    let on = words.get(i / 32).is_some_and(|w| (w >> (i % 32)) & 1 == 1);
+                    if on {
+                        logits[i]
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let dw = g.buf(&words);
+            let out = g.zeros(n * 4);
+            g.run(
+                &g.k.mask_logits,
+                (n.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    p(&dl),
+                    Arg::I32(n as i32),
+                    p(&dw),
+                    Arg::I32(n_words as i32),
+                    p(&out),
+                ],
+            );
+            let got: Vec<f32> = g.get(&out, n);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n {n}, density {density}: masked logits differ"
+            );
+            let params = g.params(0, &[]);
+            g.run(
+                &g.k.argmax,
+                (1, 1),
+                1024,
+                &[p(&out), Arg::I32(n as i32), p(&params)],
+            );
+            let am: Vec<i32> = g.get(&params, 4);
+            assert_eq!(
+                am[2] as u32,
+                crate::sampling::argmax(&want),
+                "n {n}: masked argmax"
+            );
+            let sample_out = g.zeros(8);
+            for seed in 0..10u64 {
+                let cfg = SamplerConfig {
+                    seed,
+                    top_k: 40,
+                    ..SamplerConfig::default()
+                };
+                let mut cpu_s = Sampler::new(cfg.clone(), n);
+                let mut gpu_s = Sampler::new(cfg, n);
+                let want_t = cpu_s.sample(&want);
+                let ds = gpu_s.device_sampling(n, SAMPLE_MAX_TOP_K).unwrap();
+                let got_t = gpu_s
+                    .sample_with_draw(|u| {
+                        g.run(
+                            &g.k.sample_top_k,
+                            (1, 1),
+                            1024,
+                            &[
+                                p(&out),
+                                Arg::I32(n as i32),
+                                Arg::I32(ds.top_k as i32),
+                                Arg::F32(ds.temperature),
+                                Arg::I32(i32::from(ds.top_p.is_some())),
+                                Arg::F32(ds.top_p.unwrap_or(1.0)),
+                                Arg::I32(i32::from(ds.ln_min_p.is_some())),
+                                Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
+                                Arg::F64(u),
+                                p(&sample_out),
+                            ],
+                        );
+                        let v: Vec<i32> = g.get(&sample_out, 2);
+                        Ok::<_, ()>((v[0] as u32, v[1] != 0))
+                    })
+                    .unwrap();
+                assert_eq!(got_t, want_t, "n {n}, density {density}, seed {seed}");
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("mask: {checked} masked samples identical");
+}
+
 /// A tiny Llama (2 layers, 4 heads, 2 KV heads, separate output head) whose matrices are `ty`,
 /// with a byte-level GPT-2 vocabulary of 258 tokens: 128 wide (heads of 32) for 32-value block
 /// types, 256 wide (heads of 64) for the 256-value k-quant blocks.
