@@ -67,6 +67,7 @@ mod q4_k;
 mod q4_k_rows;
 mod q5_0;
 mod q5_1;
+mod q8_0_panels;
 mod q5_k;
 mod q6_k;
 mod q8_0;
@@ -96,6 +97,7 @@ pub use ops::{f32_to_f16_row, rms_norm, rms_scale, scale_by_weight};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;
+pub use q8_0_panels::{Q8_0Panels, PANELS, PANEL_MAX_BLOCKS, PANEL_ROWS};
 pub use q8_1::BlockQ8_1;
 pub use q8_k::{BlockQ8_K, QK_K};
 pub use rounding::Q8Rounding;
@@ -1293,6 +1295,16 @@ impl Kernels {
                 y.iter().all(|y| y.len() == rows.len()),
                 "matvec: y must have one slot per row"
             );
+            if w_ty == GgmlType::Q5_0 && xb / std::mem::size_of::<BlockQ8_0>() <= 512 {
+                // Two tiles of 4 tokens: their scale products come from memory as broadcasts
+                // instead of a shuffle per pair of tokens and row (SmolLM2 Q4_K_M pp512 +6-10%
+                // on Zen 4 against `dot_q5_0_q8_0_x8`; same bits).
+                let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                let [y0, y1, y2, y3, y4, y5, y6, y7] = y;
+                avx512_q5_0_tokens(w_rows, rb, [x[0], x[1], x[2], x[3]], [y0, y1, y2, y3]);
+                avx512_q5_0_tokens(w_rows, rb, [x[4], x[5], x[6], x[7]], [y4, y5, y6, y7]);
+                return true;
+            }
             let mut y = y;
             if w_ty == GgmlType::Q4_0 {
                 let x = x_q.map(|x| blocks(&x[..xb]));
@@ -1407,6 +1419,74 @@ fn avx2_q8_0_tokens8(
     true
 }
 
+impl Kernels {
+    /// Whether prefill of `w_ty` rows of `n` values runs through packed panels here
+    /// ([`Kernels::pack_panels`], [`Kernels::matmul_panels8`]): Q8_0 rows of at most
+    /// [`PANEL_MAX_BLOCKS`] blocks, on the AVX-512 set (as chosen for Q8_0 prefill). Those
+    /// results are not bit-identical to one token at a time (see `q8_0_panels.rs`).
+    pub fn panels_for(&self, w_ty: GgmlType, n: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            return t.avx512()
+                && w_ty == GgmlType::Q8_0
+                && n % QK == 0
+                && n / QK <= PANEL_MAX_BLOCKS
+                && !matches!(std::env::var("EDGE_RUN_PANELS").as_deref(), Ok("0"));
+        }
+        let _ = (w_ty, n);
+        false
+    }
+
+    /// Packs rows `rows` (at most [`PANELS`] x [`PANEL_ROWS`]) of the `w_ty` matrix `w` (rows
+    /// of `n` values) into `p`, where [`Kernels::panels_for`] says so.
+    ///
+    /// # Panics
+    /// If `panels_for(w_ty, n)` is false, there are too many rows, or `w` is too short.
+    pub fn pack_panels(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        rows: Range<usize>,
+        p: &mut Q8_0Panels,
+    ) {
+        assert!(self.panels_for(w_ty, n), "pack_panels: no panels for {w_ty} x {n}");
+        let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
+        let mut list: [&[BlockQ8_0]; PANELS * PANEL_ROWS] = [&[]; PANELS * PANEL_ROWS];
+        let k = rows.len();
+        assert!(k <= list.len(), "pack_panels: at most {} rows", list.len());
+        for (slot, r) in list.iter_mut().zip(w_rows.chunks_exact(rb)) {
+            *slot = blocks(r);
+        }
+        p.pack(&list[..k], n / QK);
+    }
+
+    /// `y[t] = rows · x_q[t]` for the rows packed in `p` and 8 activation rows (Q8_0), each
+    /// `y[t]` as long as the rows packed.
+    ///
+    /// # Panics
+    /// Where panels do not run here, or an activation row is shorter than a weight row.
+    pub fn matmul_panels8(
+        &self,
+        p: &Q8_0Panels,
+        x_q: [&[u8]; MATVEC_TOKENS8],
+        y: [&mut [f32]; MATVEC_TOKENS8],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa_for(GgmlType::Q8_0, Phase::Prefill) {
+            if t.avx512() {
+                let x = x_q.map(|x| blocks::<BlockQ8_0>(x));
+                // SAFETY: the token proves the AVX-512 features; the kernel asserts the
+                // activation and output lengths.
+                unsafe { q8_0_panels::matmul8(p, x, y) };
+                return;
+            }
+        }
+        let _ = (p, x_q, y);
+        panic!("matmul_panels8: no panel kernel on this set");
+    }
+}
+
 impl Default for Kernels {
     fn default() -> Self {
         Kernels::detect()
@@ -1415,3 +1495,4 @@ impl Default for Kernels {
 
 #[cfg(test)]
 mod tests;
+

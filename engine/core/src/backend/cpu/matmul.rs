@@ -3,7 +3,7 @@
 //! runs rows in chunks that stay in L2 while 8 or 4 tokens at a time use them.
 
 use edge_gguf::GgmlType;
-use edge_kernels::cpu::{MATVEC_TOKENS, MATVEC_TOKENS8};
+use edge_kernels::cpu::{Q8_0Panels, MATVEC_TOKENS, MATVEC_TOKENS8, PANELS, PANEL_ROWS};
 use edge_kernels::steal;
 
 use super::exec::OpCtx;
@@ -119,10 +119,13 @@ impl OpCtx<'_> {
         out: ValueId,
     ) {
         let k = &self.exec.kernels;
-        let mut t =
-            self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &rows, |xs, ys| {
-                k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
-            });
+        let mut t = 0;
+        if n_tok >= MATVEC_TOKENS8 && rows.len() <= PANELS * PANEL_ROWS && k.panels_for(wt, n) {
+            t = self.panel_groups(wt, n, bytes, xq, xrb, n_tok, &rows, out);
+        }
+        t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+            k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
+        });
         t = self.token_groups::<{ MATVEC_TOKENS }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
             k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
         });
@@ -136,5 +139,30 @@ impl OpCtx<'_> {
             let y = self.output(out, t, rows.clone());
             k.matvec(wt, n, bytes, &xq[t * xrb..(t + 1) * xrb], rows.clone(), y);
         }
+    }
+
+    /// The tokens of a prefill matmul 8 at a time through `rows` packed into panels (on this
+    /// thread's stack, once for all the tokens: see `edge_kernels::cpu::Q8_0Panels`); returns
+    /// the first token left.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn panel_groups(
+        &self,
+        wt: GgmlType,
+        n: usize,
+        bytes: &[u8],
+        xq: &[u8],
+        xrb: usize,
+        n_tok: usize,
+        rows: &std::ops::Range<usize>,
+        out: ValueId,
+    ) -> usize {
+        let k = &self.exec.kernels;
+        let mut panels = Q8_0Panels::default();
+        k.pack_panels(wt, n, bytes, rows.clone(), &mut panels);
+        self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, rows, |xs, ys| {
+            k.matmul_panels8(&panels, xs, ys);
+            true
+        })
     }
 }

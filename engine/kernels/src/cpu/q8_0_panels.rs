@@ -1,0 +1,183 @@
+//! Prefill of Q8_0 weights with AVX-512 VNNI through packed panels of 16 weight rows: one
+//! `vpdpbusd` adds 4 quants of one token to 16 rows' dot products at once, so that a block's
+//! integer dot product for 16 rows costs 8 instructions and its scaling 3 (convert, scale
+//! product, `fma`), against ~3.5 instructions per row, block and token in the kernels that keep
+//! ggml's 8 partial sums per block (`avx512::dot_q8_0_q8_0_x8`, the tiles).
+//!
+//! The weights are repacked per call into a buffer the caller owns (on its stack; the file's
+//! bytes are never copied elsewhere): per block, the 16 rows' quants biased by 128 (unsigned,
+//! `vpdpbusd`'s first operand) and interleaved by groups of 4 (64 bytes per group: row `r`'s
+//! 4 quants at bytes `4r..4r + 4`), then the 16 rows' scales as f32. The activations are read
+//! where they are: each group of 4 quants is one broadcast `u32` (the signed operand). Each
+//! lane's sum is `sum((w + 128) * x)`; the lane starts at `-128 * sum(x)` (one value per token
+//! and block, shared by the 16 rows), so it ends at `sum(w * x)` exactly, as ggml's integer
+//! sums are.
+//!
+//! **Not bit-identical to one token at a time**: each block's exact integer sum is scaled by
+//! `d_w * d_x` and added to the row's f32 sum once, where ggml's one-token kernel keeps 8
+//! partial sums per block (its lanes) and adds them at the end. The difference is f32 rounding
+//! only (relative ~1e-6 of the dot product); the issue's rule for batched prefill ("within the
+//! gap between llama.cpp's own batched and token-by-token logits; speed wins") allows it, and
+//! llama.cpp's own batched Q8_0 GEMM does not reproduce its one-token sums either.
+//!
+//! The packing is plain Rust (every target compiles it); the kernel is x86-64 only.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+use super::block::f16_le;
+use super::q8_0::BlockQ8_0;
+
+/// Weight rows per panel (the lanes of one 512-bit register of i32).
+pub const PANEL_ROWS: usize = 16;
+/// Panels one [`Q8_0Panels`] holds: 64 rows, the executor's prefill chunk.
+pub const PANELS: usize = 4;
+/// Blocks per row the buffer holds (rows of up to 2,048 values); longer rows take the other
+/// kernels.
+pub const PANEL_MAX_BLOCKS: usize = 64;
+
+/// One block of one panel: 16 rows' quants biased and interleaved, then their scales.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct PanelBlock {
+    /// Group `g` (quants `4g..4g + 4` of the block): row `r`'s 4 quants `+ 128` at `4r..4r + 4`.
+    q: [[u8; 64]; 8],
+    /// The 16 rows' `d` as f32.
+    d: [f32; PANEL_ROWS],
+}
+
+/// Up to [`PANELS`] x [`PANEL_ROWS`] Q8_0 weight rows of up to [`PANEL_MAX_BLOCKS`] blocks,
+/// repacked for [`matmul8`] (147 KiB: meant for the stack of the thread that runs them).
+pub struct Q8_0Panels {
+    blocks: [MaybeUninit<PanelBlock>; PANELS * PANEL_MAX_BLOCKS],
+    /// Blocks per row.
+    nb: usize,
+    /// Rows packed (the last panel is padded with zero rows).
+    n_rows: usize,
+}
+
+impl Default for Q8_0Panels {
+    fn default() -> Self {
+        Q8_0Panels {
+            blocks: [const { MaybeUninit::uninit() }; PANELS * PANEL_MAX_BLOCKS],
+            nb: 0,
+            n_rows: 0,
+        }
+    }
+}
+
+impl Q8_0Panels {
+    /// Rows packed.
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    /// Packs `rows` (whole Q8_0 rows of `nb` blocks each, at most [`PANELS`] x
+    /// [`PANEL_ROWS`] of them; `nb` at most [`PANEL_MAX_BLOCKS`]).
+    ///
+    /// # Panics
+    /// If there are too many rows or blocks.
+    pub(super) fn pack(&mut self, rows: &[&[BlockQ8_0]], nb: usize) {
+        assert!(rows.len() <= PANELS * PANEL_ROWS && nb <= PANEL_MAX_BLOCKS);
+        assert!(rows.iter().all(|r| r.len() == nb));
+        self.nb = nb;
+        self.n_rows = rows.len();
+        for p in 0..rows.len().div_ceil(PANEL_ROWS) {
+            for i in 0..nb {
+                let mut b = PanelBlock {
+                    // A padding row: quants 0 (biased: 128) and scale 0.
+                    q: [[128; 64]; 8],
+                    d: [0.0; PANEL_ROWS],
+                };
+                for r in 0..PANEL_ROWS {
+                    let Some(row) = rows.get(p * PANEL_ROWS + r) else {
+                        break;
+                    };
+                    let blk = &row[i];
+                    b.d[r] = f16_le(blk.d);
+                    for g in 0..8 {
+                        for k in 0..4 {
+                            b.q[g][4 * r + k] = (blk.qs[4 * g + k] as u8) ^ 0x80;
+                        }
+                    }
+                }
+                self.blocks[p * PANEL_MAX_BLOCKS + i].write(b);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// `y[t][r] = row r . x[t]` for the packed rows and 8 tokens (`y[t].len()` = rows packed),
+/// each block's integer dot scaled once (see the module's docs).
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`]; every `x[t]` has at least the
+/// packed rows' blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn matmul8(p: &Q8_0Panels, x: [&[BlockQ8_0]; 8], y: [&mut [f32]; 8]) {
+    const T: usize = 8;
+    let nb = p.nb;
+    assert!(x.iter().all(|x| x.len() >= nb));
+    assert!(y.iter().all(|y| y.len() == p.n_rows));
+    // Per block and token: the lane's start, -128 * sum(x), and d_x.
+    let mut start = [[0i32; T]; PANEL_MAX_BLOCKS];
+    let mut dx = [[0f32; T]; PANEL_MAX_BLOCKS];
+    let ones = _mm256_set1_epi8(1);
+    for i in 0..nb {
+        for t in 0..T {
+            // SAFETY: i < nb <= x[t].len() (asserted).
+            let b = unsafe { x[t].get_unchecked(i) };
+            // SAFETY: `qs` is 32 readable bytes; loadu has no alignment requirement.
+            let q = unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) };
+            // sum(x) of the 32 quants: vpdpbusd with 1s, then the 8 lanes.
+            let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            start[i][t] = -128 * _mm_cvtsi128_si32(s);
+            dx[i][t] = f16_le(b.d);
+        }
+    }
+    let mut y = y;
+    for panel in 0..p.n_rows.div_ceil(PANEL_ROWS) {
+        let mut acc = [_mm512_setzero_ps(); T];
+        for i in 0..nb {
+            // SAFETY: blocks panel * PANEL_MAX_BLOCKS + i (i < nb) of every packed panel were
+            // written by `pack`.
+            let b = unsafe {
+                p.blocks
+                    .get_unchecked(panel * PANEL_MAX_BLOCKS + i)
+                    .assume_init_ref()
+            };
+            // SAFETY: `q[g]` is 64 bytes, aligned to 64 with the block.
+            let w: [__m512i; 8] = std::array::from_fn(|g| unsafe {
+                _mm512_load_si512(b.q.get_unchecked(g).as_ptr().cast())
+            });
+            // SAFETY: `d` is 16 f32, 64-byte aligned (after 512 bytes of an aligned block).
+            let dw = unsafe { _mm512_load_ps(b.d.as_ptr()) };
+            for t in 0..T {
+                // SAFETY: i < nb <= x[t].len() (asserted).
+                let xb = unsafe { x[t].get_unchecked(i) };
+                let mut s = _mm512_set1_epi32(start[i][t]);
+                for (g, wg) in w.iter().enumerate() {
+                    // SAFETY: bytes 4g..4g + 4 of the 32 quants; read_unaligned needs no
+                    // alignment.
+                    let q4 = unsafe { std::ptr::read_unaligned(xb.qs.as_ptr().add(4 * g).cast::<i32>()) };
+                    s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q4));
+                }
+                let d = _mm512_mul_ps(dw, _mm512_set1_ps(dx[i][t]));
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[t]);
+            }
+        }
+        let r0 = panel * PANEL_ROWS;
+        let n = PANEL_ROWS.min(p.n_rows - r0);
+        for (yt, a) in y.iter_mut().zip(acc) {
+            let mut v = [0f32; PANEL_ROWS];
+            // SAFETY: `v` holds 16 f32; storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), a) };
+            yt[r0..r0 + n].copy_from_slice(&v[..n]);
+        }
+    }
+}
