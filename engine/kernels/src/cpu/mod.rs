@@ -67,7 +67,7 @@ mod q4_k;
 mod q4_k_rows;
 mod q5_0;
 mod q5_1;
-mod q8_0_panels;
+mod panels;
 mod q5_k;
 mod q6_k;
 mod q8_0;
@@ -97,7 +97,7 @@ pub use ops::{f32_to_f16_row, rms_norm, rms_scale, scale_by_weight};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;
-pub use q8_0_panels::{Q8_0Panels, PANELS, PANEL_MAX_BLOCKS, PANEL_ROWS};
+pub use panels::{panel_rows, Panels, PANEL_MAX_BLOCKS, PANEL_ROWS};
 pub use q8_1::BlockQ8_1;
 pub use q8_k::{BlockQ8_K, QK_K};
 pub use rounding::Q8Rounding;
@@ -1420,45 +1420,74 @@ fn avx2_q8_0_tokens8(
 }
 
 impl Kernels {
-    /// Whether prefill of `w_ty` rows of `n` values runs through packed panels here
-    /// ([`Kernels::pack_panels`], [`Kernels::matmul_panels8`]): Q8_0 rows of at most
-    /// [`PANEL_MAX_BLOCKS`] blocks, on the AVX-512 set (as chosen for Q8_0 prefill). Those
-    /// results are not bit-identical to one token at a time (see `q8_0_panels.rs`).
-    pub fn panels_for(&self, w_ty: GgmlType, n: usize) -> bool {
+    /// Whether prefill of the `w_ty` matrix of `n_rows` rows of `n` values runs through packed
+    /// panels here ([`Kernels::pack_panels`], [`Kernels::matmul_panels8`]): on the AVX-512 set
+    /// (as chosen for the type's prefill), Q8_0 and Q5_0 rows of at most [`PANEL_MAX_BLOCKS`]
+    /// blocks, and Q4_0 and IQ4_NL matrices whose rows llama.cpp repacks (`n_rows` a multiple
+    /// of 8). Results are bit-identical to one token at a time for Q4_0 and IQ4_NL, not for
+    /// Q8_0 and Q5_0 (see `panels.rs`). `EDGE_RUN_PANELS=0` turns them off.
+    pub fn panels_for(&self, w_ty: GgmlType, n: usize, n_rows: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            let typed = match w_ty {
+                GgmlType::Q8_0 | GgmlType::Q5_0 => true,
+                GgmlType::Q4_0 | GgmlType::IQ4_NL => repack::repacked_shape(n_rows),
+                _ => false,
+            };
             return t.avx512()
-                && w_ty == GgmlType::Q8_0
+                && typed
                 && n % QK == 0
                 && n / QK <= PANEL_MAX_BLOCKS
-                && !matches!(std::env::var("EDGE_RUN_PANELS").as_deref(), Ok("0"));
+                && panels_enabled();
         }
-        let _ = (w_ty, n);
+        let _ = (w_ty, n, n_rows);
         false
     }
 
-    /// Packs rows `rows` (at most [`PANELS`] x [`PANEL_ROWS`]) of the `w_ty` matrix `w` (rows
-    /// of `n` values) into `p`, where [`Kernels::panels_for`] says so.
+    /// Packs rows `rows` (at most [`panel_rows`]`(n / 32)`) of the `w_ty` matrix `w` (rows of
+    /// `n` values) into `p`, where [`Kernels::panels_for`] says so.
     ///
     /// # Panics
-    /// If `panels_for(w_ty, n)` is false, there are too many rows, or `w` is too short.
+    /// If the type has no panels, there are too many rows, or `w` is too short.
     pub fn pack_panels(
         &self,
         w_ty: GgmlType,
         n: usize,
         w: &[u8],
         rows: Range<usize>,
-        p: &mut Q8_0Panels,
+        p: &mut Panels,
     ) {
-        assert!(self.panels_for(w_ty, n), "pack_panels: no panels for {w_ty} x {n}");
         let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
-        let mut list: [&[BlockQ8_0]; PANELS * PANEL_ROWS] = [&[]; PANELS * PANEL_ROWS];
-        let k = rows.len();
-        assert!(k <= list.len(), "pack_panels: at most {} rows", list.len());
-        for (slot, r) in list.iter_mut().zip(w_rows.chunks_exact(rb)) {
-            *slot = blocks(r);
+        let nb = n / QK;
+        let row = |r: usize| &w_rows[r * rb..(r + 1) * rb];
+        let nibbles = |qs: &[u8; QK / 2], table: &dyn Fn(u8) -> i8| -> [i8; QK] {
+            std::array::from_fn(|j| {
+                table(if j < QK / 2 {
+                    qs[j] & 0x0F
+                } else {
+                    qs[j - QK / 2] >> 4
+                })
+            })
+        };
+        match w_ty {
+            GgmlType::Q8_0 => p.pack(rows.len(), nb, |r, i| {
+                let b = &blocks::<BlockQ8_0>(row(r))[i];
+                (b.d(), b.qs)
+            }),
+            GgmlType::Q5_0 => p.pack(rows.len(), nb, |r, i| {
+                let b = &blocks::<q5_0::BlockQ5_0>(row(r))[i];
+                (b.d(), b.quants().map(|q| q as i8 - 16))
+            }),
+            GgmlType::Q4_0 => p.pack(rows.len(), nb, |r, i| {
+                let b = &blocks::<BlockQ4_0>(row(r))[i];
+                (b.d(), nibbles(&b.qs, &|q| q as i8 - 8))
+            }),
+            GgmlType::IQ4_NL => p.pack(rows.len(), nb, |r, i| {
+                let b = &blocks::<iq4_nl::BlockIq4Nl>(row(r))[i];
+                (b.d(), nibbles(&b.qs, &|q| iq4_nl::KVALUES_IQ4NL[usize::from(q)]))
+            }),
+            _ => panic!("pack_panels: no panels for {w_ty}"),
         }
-        p.pack(&list[..k], n / QK);
     }
 
     /// `y[t] = rows · x_q[t]` for the rows packed in `p` and 8 activation rows (Q8_0), each
@@ -1468,23 +1497,30 @@ impl Kernels {
     /// Where panels do not run here, or an activation row is shorter than a weight row.
     pub fn matmul_panels8(
         &self,
-        p: &Q8_0Panels,
+        p: &Panels,
         x_q: [&[u8]; MATVEC_TOKENS8],
         y: [&mut [f32]; MATVEC_TOKENS8],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if let Isa::Avx2(t) = self.isa_for(GgmlType::Q8_0, Phase::Prefill) {
+        if let Isa::Avx2(t) = self.isa {
             if t.avx512() {
                 let x = x_q.map(|x| blocks::<BlockQ8_0>(x));
                 // SAFETY: the token proves the AVX-512 features; the kernel asserts the
                 // activation and output lengths.
-                unsafe { q8_0_panels::matmul8(p, x, y) };
+                unsafe { panels::matmul8(p, x, y) };
                 return;
             }
         }
         let _ = (p, x_q, y);
         panic!("matmul_panels8: no panel kernel on this set");
     }
+}
+
+/// Whether the panels may run (`EDGE_RUN_PANELS=0` turns them off, for comparisons), read once.
+#[cfg(target_arch = "x86_64")]
+fn panels_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !matches!(std::env::var("EDGE_RUN_PANELS").as_deref(), Ok("0")))
 }
 
 impl Default for Kernels {

@@ -1218,63 +1218,91 @@ fn raw_q8_0(r: &mut Rng, n_rows: usize, nb: usize) -> Vec<u8> {
     v
 }
 
-/// The packed-panel Q8_0 prefill kernel against one token at a time (ggml's order): the same
-/// integer products, so the results differ by f32 rounding only. Bound: ggml's order rounds
-/// 8 lane products per block and adds them in a tree, the panels round one product per block;
-/// both then add `nb` terms, so |a - b| <= 4 * (nb + 8) * 2^-24 * sum(|d_w * d_x * w * x|) over
-/// every element (a wrong lane, row or bias is off by whole products). Rows: full panels, a partial last panel, one row, a range that does
-/// not start at row 0; blocks: 1, 7, 18 (SmolLM2), 64 (the most the buffer holds).
+/// The packed-panel prefill kernel against one token at a time. Q4_0 and IQ4_NL matrices with
+/// rows a multiple of 8 (llama.cpp's repacked order, which the one-token kernels reproduce
+/// there): bit for bit. Q8_0 and Q5_0 (ggml's 8-lane order one token at a time): the same
+/// integer products, so the results differ by f32 rounding only. Bound: ggml's order rounds 8
+/// lane products per block and adds them in a tree, the panels round one product per block;
+/// both then add `nb` terms, so |a - b| <= 4 * (nb + 8) * 2^-24 * sum(|d_w * d_x * w * x|)
+/// over every element (a wrong lane, row or bias is off by whole products). Rows: full panels,
+/// a partial last panel, one row, ranges that do not start at row 0; blocks: 1, 7, 18
+/// (SmolLM2), 64, 176 (one panel of a 5,632-wide row) and 256 (the most they hold).
 #[test]
-fn q8_0_panels_match_one_token_within_rounding() {
+fn panels_match_one_token() {
     let mut r = Rng::new(211);
     let mut tested = 0;
     let mut worst = 0f64;
     for k in all_kernels() {
-        for (first, n_rows, nb) in [(0, 1, 1), (0, 16, 18), (3, 37, 64), (5, 64, 48), (1, 5, 7)] {
-            let n = nb * QK;
-            if !k.panels_for(GgmlType::Q8_0, n) {
-                continue;
-            }
-            tested += 1;
-            let w = raw_q8_0(&mut r, first + n_rows, nb);
-            let xs: Vec<Vec<u8>> = (0..8).map(|_| raw_q8_0(&mut r, 1, nb)).collect();
-            let mut p = Q8_0Panels::default();
-            k.pack_panels(GgmlType::Q8_0, n, &w, first..first + n_rows, &mut p);
-            assert_eq!(p.n_rows(), n_rows);
-            let mut ys = vec![vec![f32::NAN; n_rows]; 8];
-            {
-                let mut it = ys.iter_mut();
-                let y8: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-                let x8: [&[u8]; 8] = std::array::from_fn(|t| &xs[t][..]);
-                k.matmul_panels8(&p, x8, y8);
-            }
-            let wb: &[BlockQ8_0] = blocks(&w);
-            for (t, x) in xs.iter().enumerate() {
-                let mut want = vec![0f32; n_rows];
-                k.matvec(GgmlType::Q8_0, n, &w, x, first..first + n_rows, &mut want);
-                let xb: &[BlockQ8_0] = blocks(x);
-                for (row, (&got, &want)) in ys[t].iter().zip(&want).enumerate() {
-                    let scale: f64 = (0..nb)
-                        .map(|i| {
-                            let b = &wb[(first + row) * nb + i];
-                            let dot: i32 = (0..QK)
-                                .map(|j| (b.qs[j] as i32 * xb[i].qs[j] as i32).abs())
-                                .sum();
-                            (f16_le(b.d) as f64 * f16_le(xb[i].d) as f64 * dot as f64).abs()
-                        })
-                        .sum();
-                    let err = (got as f64 - want as f64).abs();
-                    let bound = 4.0 * (nb + 8) as f64 * 2f64.powi(-24) * scale + 1e-30;
-                    assert!(
-                        err <= bound,
-                        "{}: rows {first}+{n_rows}, {nb} blocks, token {t}, row {row}: \
-                         panels {got} one token {want} (bound {bound:e})",
-                        k.isa_name()
-                    );
-                    worst = worst.max(err / bound);
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::IQ4_NL] {
+            let exact = matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL);
+            for (first, n_pack, nb) in [
+                (0usize, 1usize, 1usize),
+                (0, 16, 18),
+                (3, 37, 64),
+                (8, 64, 48),
+                (1, 5, 7),
+                (2, 16, 176),
+                (0, 16, 256),
+            ] {
+                let n = nb * QK;
+                // The whole matrix: rows a multiple of 8, past the packed ones.
+                let n_rows = (first + n_pack).next_multiple_of(8) + 8;
+                if !k.panels_for(ty, n, n_rows) {
+                    continue;
+                }
+                assert!(n_pack <= panel_rows(nb));
+                tested += 1;
+                let w: Vec<u8> = if ty == GgmlType::Q8_0 {
+                    raw_q8_0(&mut r, n_rows, nb)
+                } else {
+                    (0..n_rows)
+                        .flat_map(|_| any_weight_row(&mut r, ty, n))
+                        .collect()
+                };
+                let xs: Vec<Vec<u8>> = (0..8).map(|_| raw_q8_0(&mut r, 1, nb)).collect();
+                let mut p = Panels::default();
+                k.pack_panels(ty, n, &w, first..first + n_pack, &mut p);
+                assert_eq!(p.n_rows(), n_pack);
+                let mut ys = vec![vec![f32::NAN; n_pack]; 8];
+                {
+                    let mut it = ys.iter_mut();
+                    let y8: [&mut [f32]; 8] =
+                        std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+                    let x8: [&[u8]; 8] = std::array::from_fn(|t| &xs[t][..]);
+                    k.matmul_panels8(&p, x8, y8);
+                }
+                let rb = bytes_of(ty, n);
+                for (t, x) in xs.iter().enumerate() {
+                    let mut want = vec![0f32; n_pack];
+                    k.matvec(ty, n, &w, x, first..first + n_pack, &mut want);
+                    let xb: &[BlockQ8_0] = blocks(x);
+                    for (row, (&got, &want)) in ys[t].iter().zip(&want).enumerate() {
+                        let what = format!(
+                            "{} {ty}: rows {first}+{n_pack} of {n_rows}, {nb} blocks, token {t}, \
+                             row {row}: panels {got} one token {want}",
+                            k.isa_name()
+                        );
+                        if exact {
+                            assert_eq!(got.to_bits(), want.to_bits(), "{what}");
+                            continue;
+                        }
+                        let mut wf = vec![0f32; n];
+                        let wr = &w[(first + row) * rb..(first + row + 1) * rb];
+                        dequantize_row(ty, wr, &mut wf).unwrap();
+                        let scale: f64 = (0..n)
+                            .map(|j| {
+                                let xj = f16_le(xb[j / QK].d) as f64 * xb[j / QK].qs[j % QK] as f64;
+                                (wf[j] as f64 * xj).abs()
+                            })
+                            .sum();
+                        let err = (got as f64 - want as f64).abs();
+                        let bound = 4.0 * (nb + 8) as f64 * 2f64.powi(-24) * scale + 1e-30;
+                        assert!(err <= bound, "{what} (bound {bound:e})");
+                        worst = worst.max(err / bound);
+                    }
                 }
             }
         }
     }
-    eprintln!("q8_0 panels: {tested} shapes tested, worst error {worst:.3} of the bound");
+    eprintln!("panels: {tested} shapes tested, worst Q8_0/Q5_0 error {worst:.3} of the bound");
 }

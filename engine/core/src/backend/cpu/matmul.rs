@@ -3,7 +3,7 @@
 //! runs rows in chunks that stay in L2 while 8 or 4 tokens at a time use them.
 
 use edge_gguf::GgmlType;
-use edge_kernels::cpu::{Q8_0Panels, MATVEC_TOKENS, MATVEC_TOKENS8, PANELS, PANEL_ROWS};
+use edge_kernels::cpu::{panel_rows, Panels, MATVEC_TOKENS, MATVEC_TOKENS8};
 use edge_kernels::steal;
 
 use super::exec::OpCtx;
@@ -120,7 +120,8 @@ impl OpCtx<'_> {
     ) {
         let k = &self.exec.kernels;
         let mut t = 0;
-        if n_tok >= MATVEC_TOKENS8 && rows.len() <= PANELS * PANEL_ROWS && k.panels_for(wt, n) {
+        let n_rows = bytes.len() / (wt.row_bytes(n as u64).unwrap_or(1).max(1) as usize);
+        if n_tok >= MATVEC_TOKENS8 && k.panels_for(wt, n, n_rows) {
             t = self.panel_groups(wt, n, bytes, xq, xrb, n_tok, &rows, out);
         }
         t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
@@ -142,8 +143,8 @@ impl OpCtx<'_> {
     }
 
     /// The tokens of a prefill matmul 8 at a time through `rows` packed into panels (on this
-    /// thread's stack, once for all the tokens: see `edge_kernels::cpu::Q8_0Panels`); returns
-    /// the first token left.
+    /// thread's stack, as many rows as they hold at a time, each packing used by all the
+    /// tokens: see `edge_kernels::cpu::Panels`); returns the first token left.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn panel_groups(
@@ -158,11 +159,17 @@ impl OpCtx<'_> {
         out: ValueId,
     ) -> usize {
         let k = &self.exec.kernels;
-        let mut panels = Q8_0Panels::default();
-        k.pack_panels(wt, n, bytes, rows.clone(), &mut panels);
-        self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, rows, |xs, ys| {
-            k.matmul_panels8(&panels, xs, ys);
-            true
-        })
+        let mut panels = Panels::default();
+        let step = panel_rows(n / 32).max(1);
+        let mut t = 0;
+        for start in rows.clone().step_by(step) {
+            let part = start..(start + step).min(rows.end);
+            k.pack_panels(wt, n, bytes, part.clone(), &mut panels);
+            t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &part, |xs, ys| {
+                k.matmul_panels8(&panels, xs, ys);
+                true
+            });
+        }
+        t
     }
 }

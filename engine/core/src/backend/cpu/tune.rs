@@ -18,14 +18,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use edge_gguf::GgmlType;
-use edge_kernels::cpu::{Phase, MATVEC_TOKENS, MATVEC_TOKENS8};
+use edge_kernels::cpu::{panel_rows, Panels, Phase, MATVEC_TOKENS, MATVEC_TOKENS8};
 use edge_kernels::Kernels;
 
 use crate::graph::WeightId;
 use crate::model::Model;
 
 /// Bump when a kernel changes enough to invalidate cached choices.
-const KERNEL_SET_VERSION: u32 = 5;
+const KERNEL_SET_VERSION: u32 = 6;
 /// The weight types whose AVX-512 and AVX2 kernels are timed against each other: every type
 /// with an AVX-512 kernel in some phase (where a phase has none, both candidates run the same
 /// kernel and the choice does not matter). Q5_0, Q5_1 and IQ4_NL were not timed before the
@@ -46,7 +46,12 @@ const TYPES_WITH_AVX512: [GgmlType; 9] = [
 /// past the caches, as decode streams the weights from memory.
 const DECODE_PASS_BYTES: usize = 48 << 20;
 /// Weight bytes one prefill timing reads (compute-bound: a smaller slice is representative).
-const PREFILL_SLICE_BYTES: usize = 1 << 20;
+const PREFILL_SLICE_BYTES: usize = 1 << 19;
+/// Groups of 8 tokens one prefill timing runs over its slice: the executor packs a chunk of
+/// rows into panels once for all of a prompt's tokens, so one group alone would charge the
+/// panels' packing 8 times what a 64-token prompt pays (and prefill runs at most 64 rows x
+/// every token of the ubatch per packing).
+const PREFILL_GROUPS: usize = 8;
 /// Models with fewer bytes of weights of the [`TYPES_WITH_AVX512`] keep the set's own kernels.
 const MIN_MODEL_BYTES: usize = 16 << 20;
 /// Cached shapes at most; past this the cache starts over (it is only a cache).
@@ -97,7 +102,7 @@ pub fn choose(model: &Model, kernels: Kernels) -> Kernels {
     let mut measured_any = false;
     let started = Instant::now();
     // Per (type, phase): nanoseconds per forward pass over the model's matmuls, per candidate
-    // (a prefill pass being 8 tokens).
+    // (a prefill pass being PREFILL_GROUPS x 8 tokens).
     let mut totals: BTreeMap<(u32, u8), [f64; 2]> = BTreeMap::new();
     for (&shape, ids) in &shapes {
         let count = ids.len();
@@ -160,7 +165,8 @@ fn forced_by_env() -> bool {
 
 /// Best nanoseconds per matrix of this shape for the AVX-512 set and for the same with 256-bit
 /// kernels for this type, from timing one pass of `phase`: decode streams whole matrices of this shape (`ids`, as many as
-/// [`DECODE_PASS_BYTES`] takes), prefill runs 8 tokens over a slice of the first.
+/// [`DECODE_PASS_BYTES`] takes), prefill runs [`PREFILL_GROUPS`] x 8 tokens over a slice of the
+/// first.
 fn time_candidates(model: &Model, kernels: Kernels, ids: &[WeightId], phase: Phase) -> [f64; 2] {
     let w = model.weight(ids[0]);
     let matrix_bytes = model.weight_bytes(ids[0]).len();
@@ -211,8 +217,9 @@ fn time_candidates(model: &Model, kernels: Kernels, ids: &[WeightId], phase: Pha
     best.map(|ns| ns * scale)
 }
 
-/// Eight tokens' matmul over `rows` rows, as the executor runs prefill: 8 at once where the set
-/// has such a kernel, else 4 at a time, else one by one.
+/// [`PREFILL_GROUPS`] x 8 tokens' matmul over `rows` rows, as the executor runs prefill:
+/// through packed panels where the set has them, else 8 at once where it has such a kernel,
+/// else 4 at a time, else one by one.
 fn prefill_pass(
     k: &Kernels,
     ty: GgmlType,
@@ -227,13 +234,33 @@ fn prefill_pass(
         let mut parts = y.chunks_exact_mut(rows);
         std::array::from_fn(|_| parts.next().expect("y holds 8 rows of outputs"))
     }
-    if k.matvec_tokens8(ty, n, w, [x; MATVEC_TOKENS8], 0..rows, outputs(y, rows)) {
+    let n_rows = w.len() / ty.row_bytes(n as u64).unwrap_or(1).max(1) as usize;
+    if k.panels_for(ty, n, n_rows) {
+        // The packing is timed too, once for the groups (as the executor packs a chunk once
+        // for all its tokens).
+        let mut panels = Panels::default();
+        let step = panel_rows(n / 32).max(1);
+        for start in (0..rows).step_by(step) {
+            let part = start..(start + step).min(rows);
+            k.pack_panels(ty, n, w, part.clone(), &mut panels);
+            for _ in 0..PREFILL_GROUPS {
+                let mut out = y.chunks_exact_mut(rows).map(|yt| &mut yt[part.clone()]);
+                let y8: [&mut [f32]; MATVEC_TOKENS8] =
+                    std::array::from_fn(|_| out.next().expect("y holds 8 rows of outputs"));
+                k.matmul_panels8(&panels, [x; MATVEC_TOKENS8], y8);
+            }
+        }
         return;
     }
-    for four in y.chunks_exact_mut(MATVEC_TOKENS * rows) {
-        if !k.matvec_tokens(ty, n, w, [x; MATVEC_TOKENS], 0..rows, outputs(four, rows)) {
-            for one in four.chunks_exact_mut(rows) {
-                k.matvec(ty, n, w, x, 0..rows, one);
+    for _ in 0..PREFILL_GROUPS {
+        if k.matvec_tokens8(ty, n, w, [x; MATVEC_TOKENS8], 0..rows, outputs(y, rows)) {
+            continue;
+        }
+        for four in y.chunks_exact_mut(MATVEC_TOKENS * rows) {
+            if !k.matvec_tokens(ty, n, w, [x; MATVEC_TOKENS], 0..rows, outputs(four, rows)) {
+                for one in four.chunks_exact_mut(rows) {
+                    k.matvec(ty, n, w, x, 0..rows, one);
+                }
             }
         }
     }

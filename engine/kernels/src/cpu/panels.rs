@@ -1,4 +1,6 @@
-//! Prefill of Q8_0 weights with AVX-512 VNNI through packed panels of 16 weight rows: one
+//! Prefill through packed panels of 16 weight rows, for the weight types whose blocks are 32
+//! int8 values and one scale (Q8_0; Q5_0, Q4_0 and IQ4_NL decoded to their int8 values), with
+//! AVX-512 VNNI: one
 //! `vpdpbusd` adds 4 quants of one token to 16 rows' dot products at once, so that a block's
 //! integer dot product for 16 rows costs 8 instructions and its scaling 3 (convert, scale
 //! product, `fma`), against ~3.5 instructions per row, block and token in the kernels that keep
@@ -13,12 +15,14 @@
 //! and block, shared by the 16 rows), so it ends at `sum(w * x)` exactly, as ggml's integer
 //! sums are.
 //!
-//! **Not bit-identical to one token at a time**: each block's exact integer sum is scaled by
-//! `d_w * d_x` and added to the row's f32 sum once, where ggml's one-token kernel keeps 8
-//! partial sums per block (its lanes) and adds them at the end. The difference is f32 rounding
-//! only (relative ~1e-6 of the dot product); the issue's rule for batched prefill ("within the
-//! gap between llama.cpp's own batched and token-by-token logits; speed wins") allows it, and
-//! llama.cpp's own batched Q8_0 GEMM does not reproduce its one-token sums either.
+//! Each block's exact integer sum is scaled by `d_w * d_x` and added to the row's f32 sum with
+//! one `fma`, block after block: the order of llama.cpp's repacked x86 kernels (`cpu/repack.rs`),
+//! so for Q4_0 and IQ4_NL matrices that llama.cpp repacks (rows a multiple of 8) the results
+//! are **bit-identical** to edge-run's one-token kernels. For Q8_0 and Q5_0 they are **not**:
+//! ggml's one-token kernels keep 8 partial sums per block (their lanes) and add them at the
+//! end. The difference is f32 rounding only (relative ~1e-6 of the dot product); issue 17's
+//! rule for batched prefill ("within the gap between llama.cpp's own batched and token-by-token
+//! results; where exactness costs speed, speed wins") allows it (README, "Speed").
 //!
 //! The packing is plain Rust (every target compiles it); the kernel is x86-64 only.
 
@@ -26,16 +30,25 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+#[cfg(target_arch = "x86_64")]
 use super::block::f16_le;
+#[cfg(target_arch = "x86_64")]
 use super::q8_0::BlockQ8_0;
 
 /// Weight rows per panel (the lanes of one 512-bit register of i32).
 pub const PANEL_ROWS: usize = 16;
-/// Panels one [`Q8_0Panels`] holds: 64 rows, the executor's prefill chunk.
-pub const PANELS: usize = 4;
-/// Blocks per row the buffer holds (rows of up to 2,048 values); longer rows take the other
-/// kernels.
-pub const PANEL_MAX_BLOCKS: usize = 64;
+/// Panels one [`Panels`] holds at most: 64 rows, the executor's prefill chunk.
+const MAX_PANELS: usize = 4;
+/// Panel blocks one [`Panels`] holds (147 KiB): 4 panels of rows of up to 64 blocks (2,048
+/// values), fewer panels of longer rows, down to one panel of 256 blocks (8,192 values).
+const CAPACITY: usize = 256;
+/// Blocks per row the panels take at most (see [`CAPACITY`]).
+pub const PANEL_MAX_BLOCKS: usize = CAPACITY;
+
+/// Rows one [`Panels`] holds for rows of `nb` blocks (0 for rows too long).
+pub fn panel_rows(nb: usize) -> usize {
+    PANEL_ROWS * MAX_PANELS.min(CAPACITY / nb.max(1))
+}
 
 /// One block of one panel: 16 rows' quants biased and interleaved, then their scales.
 #[derive(Clone, Copy)]
@@ -47,62 +60,63 @@ struct PanelBlock {
     d: [f32; PANEL_ROWS],
 }
 
-/// Up to [`PANELS`] x [`PANEL_ROWS`] Q8_0 weight rows of up to [`PANEL_MAX_BLOCKS`] blocks,
-/// repacked for [`matmul8`] (147 KiB: meant for the stack of the thread that runs them).
-pub struct Q8_0Panels {
-    blocks: [MaybeUninit<PanelBlock>; PANELS * PANEL_MAX_BLOCKS],
+/// Up to [`panel_rows`] weight rows decoded to int8 values and packed for `matmul8` (147 KiB:
+/// meant for the stack of the thread that runs them).
+pub struct Panels {
+    blocks: [MaybeUninit<PanelBlock>; CAPACITY],
     /// Blocks per row.
     nb: usize,
     /// Rows packed (the last panel is padded with zero rows).
     n_rows: usize,
 }
 
-impl Default for Q8_0Panels {
+impl Default for Panels {
     fn default() -> Self {
-        Q8_0Panels {
-            blocks: [const { MaybeUninit::uninit() }; PANELS * PANEL_MAX_BLOCKS],
+        Panels {
+            blocks: [const { MaybeUninit::uninit() }; CAPACITY],
             nb: 0,
             n_rows: 0,
         }
     }
 }
 
-impl Q8_0Panels {
+impl Panels {
     /// Rows packed.
     pub fn n_rows(&self) -> usize {
         self.n_rows
     }
 
-    /// Packs `rows` (whole Q8_0 rows of `nb` blocks each, at most [`PANELS`] x
-    /// [`PANEL_ROWS`] of them; `nb` at most [`PANEL_MAX_BLOCKS`]).
+    /// Packs `n_rows` rows of `nb` blocks (at most [`panel_rows`]`(nb)` of them): `block(r, i)`
+    /// is row `r`'s block `i` as its scale and 32 int8 values.
     ///
     /// # Panics
-    /// If there are too many rows or blocks.
-    pub(super) fn pack(&mut self, rows: &[&[BlockQ8_0]], nb: usize) {
-        assert!(rows.len() <= PANELS * PANEL_ROWS && nb <= PANEL_MAX_BLOCKS);
-        assert!(rows.iter().all(|r| r.len() == nb));
+    /// If there are too many rows for `nb`.
+    pub(super) fn pack(
+        &mut self,
+        n_rows: usize,
+        nb: usize,
+        block: impl Fn(usize, usize) -> (f32, [i8; 32]),
+    ) {
+        assert!(n_rows <= panel_rows(nb), "panels: {n_rows} rows of {nb} blocks do not fit");
         self.nb = nb;
-        self.n_rows = rows.len();
-        for p in 0..rows.len().div_ceil(PANEL_ROWS) {
+        self.n_rows = n_rows;
+        for p in 0..n_rows.div_ceil(PANEL_ROWS) {
             for i in 0..nb {
                 let mut b = PanelBlock {
-                    // A padding row: quants 0 (biased: 128) and scale 0.
+                    // A padding row: values 0 (biased: 128) and scale 0.
                     q: [[128; 64]; 8],
                     d: [0.0; PANEL_ROWS],
                 };
-                for r in 0..PANEL_ROWS {
-                    let Some(row) = rows.get(p * PANEL_ROWS + r) else {
-                        break;
-                    };
-                    let blk = &row[i];
-                    b.d[r] = f16_le(blk.d);
+                for r in 0..PANEL_ROWS.min(n_rows - p * PANEL_ROWS) {
+                    let (d, v) = block(p * PANEL_ROWS + r, i);
+                    b.d[r] = d;
                     for g in 0..8 {
                         for k in 0..4 {
-                            b.q[g][4 * r + k] = (blk.qs[4 * g + k] as u8) ^ 0x80;
+                            b.q[g][4 * r + k] = (v[4 * g + k] as u8) ^ 0x80;
                         }
                     }
                 }
-                self.blocks[p * PANEL_MAX_BLOCKS + i].write(b);
+                self.blocks[p * nb + i].write(b);
             }
         }
     }
@@ -116,14 +130,14 @@ impl Q8_0Panels {
 /// The CPU has the features of [`super::x86::avx512_detected`]; every `x[t]` has at least the
 /// packed rows' blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn matmul8(p: &Q8_0Panels, x: [&[BlockQ8_0]; 8], y: [&mut [f32]; 8]) {
+pub(super) unsafe fn matmul8(p: &Panels, x: [&[BlockQ8_0]; 8], y: [&mut [f32]; 8]) {
     const T: usize = 8;
     let nb = p.nb;
     assert!(x.iter().all(|x| x.len() >= nb));
     assert!(y.iter().all(|y| y.len() == p.n_rows));
     // Per block and token: the lane's start, -128 * sum(x), and d_x.
-    let mut start = [[0i32; T]; PANEL_MAX_BLOCKS];
-    let mut dx = [[0f32; T]; PANEL_MAX_BLOCKS];
+    let mut start = [[0i32; T]; CAPACITY];
+    let mut dx = [[0f32; T]; CAPACITY];
     let ones = _mm256_set1_epi8(1);
     for i in 0..nb {
         for t in 0..T {
@@ -144,13 +158,9 @@ pub(super) unsafe fn matmul8(p: &Q8_0Panels, x: [&[BlockQ8_0]; 8], y: [&mut [f32
     for panel in 0..p.n_rows.div_ceil(PANEL_ROWS) {
         let mut acc = [_mm512_setzero_ps(); T];
         for i in 0..nb {
-            // SAFETY: blocks panel * PANEL_MAX_BLOCKS + i (i < nb) of every packed panel were
-            // written by `pack`.
-            let b = unsafe {
-                p.blocks
-                    .get_unchecked(panel * PANEL_MAX_BLOCKS + i)
-                    .assume_init_ref()
-            };
+            // SAFETY: blocks panel * nb + i (i < nb) of every packed panel were written by
+            // `pack`.
+            let b = unsafe { p.blocks.get_unchecked(panel * nb + i).assume_init_ref() };
             // SAFETY: `q[g]` is 64 bytes, aligned to 64 with the block.
             let w: [__m512i; 8] = std::array::from_fn(|g| unsafe {
                 _mm512_load_si512(b.q.get_unchecked(g).as_ptr().cast())
