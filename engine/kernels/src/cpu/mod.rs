@@ -56,6 +56,7 @@ mod neon;
 #[cfg(target_arch = "aarch64")]
 mod neon_quants;
 mod ops;
+mod panels;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -67,7 +68,6 @@ mod q4_k;
 mod q4_k_rows;
 mod q5_0;
 mod q5_1;
-mod panels;
 mod q5_k;
 mod q6_k;
 mod q8_0;
@@ -94,10 +94,10 @@ pub use block::{f16_bits_to_f32, QK};
 pub use encoder::{attend_all, gelu, gelu_tanh, layer_norm};
 pub use error::KernelError;
 pub use ops::{f32_to_f16_row, rms_norm, rms_scale, scale_by_weight};
+pub use panels::{panel_rows, Panels, PANELS_SCRATCH_BYTES, PANEL_MAX_BLOCKS, PANEL_ROWS};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;
-pub use panels::{panel_rows, Panels, PANEL_MAX_BLOCKS, PANEL_ROWS};
 pub use q8_1::BlockQ8_1;
 pub use q8_k::{BlockQ8_K, QK_K};
 pub use rounding::Q8Rounding;
@@ -1436,7 +1436,7 @@ impl Kernels {
             };
             return t.avx512()
                 && typed
-                && n % QK == 0
+                && n.is_multiple_of(QK)
                 && n / QK <= PANEL_MAX_BLOCKS
                 && panels_enabled();
         }
@@ -1455,7 +1455,7 @@ impl Kernels {
         n: usize,
         w: &[u8],
         rows: Range<usize>,
-        p: &mut Panels,
+        p: &mut Panels<'_>,
     ) {
         let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
         let nb = n / QK;
@@ -1484,7 +1484,10 @@ impl Kernels {
             }),
             GgmlType::IQ4_NL => p.pack(rows.len(), nb, |r, i| {
                 let b = &blocks::<iq4_nl::BlockIq4Nl>(row(r))[i];
-                (b.d(), nibbles(&b.qs, &|q| iq4_nl::KVALUES_IQ4NL[usize::from(q)]))
+                (
+                    b.d(),
+                    nibbles(&b.qs, &|q| iq4_nl::KVALUES_IQ4NL[usize::from(q)]),
+                )
             }),
             _ => panic!("pack_panels: no panels for {w_ty}"),
         }
@@ -1497,14 +1500,14 @@ impl Kernels {
     /// Where panels do not run here, or an activation row is shorter than a weight row.
     pub fn matmul_panels8(
         &self,
-        p: &Panels,
+        p: &Panels<'_>,
         x_q: [&[u8]; MATVEC_TOKENS8],
         y: [&mut [f32]; MATVEC_TOKENS8],
     ) {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa {
             if t.avx512() {
-                let x = x_q.map(|x| blocks::<BlockQ8_0>(x));
+                let x = x_q.map(blocks::<BlockQ8_0>);
                 // SAFETY: the token proves the AVX-512 features; the kernel asserts the
                 // activation and output lengths.
                 unsafe { panels::matmul8(p, x, y) };
@@ -1513,6 +1516,19 @@ impl Kernels {
         }
         let _ = (p, x_q, y);
         panic!("matmul_panels8: no panel kernel on this set");
+    }
+}
+
+/// Whether this CPU may run the packed panels (x86-64 with the AVX-512 kernels): a thread's
+/// scratch must then hold [`PANELS_SCRATCH_BYTES`].
+pub fn panels_possible() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::avx512_detected()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -1531,4 +1547,3 @@ impl Default for Kernels {
 
 #[cfg(test)]
 mod tests;
-

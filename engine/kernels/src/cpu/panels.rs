@@ -60,27 +60,47 @@ struct PanelBlock {
     d: [f32; PANEL_ROWS],
 }
 
-/// Up to [`panel_rows`] weight rows decoded to int8 values and packed for `matmul8` (147 KiB:
-/// meant for the stack of the thread that runs them).
-pub struct Panels {
-    blocks: [MaybeUninit<PanelBlock>; CAPACITY],
+/// Bytes of scratch a thread needs for [`Panels`] (147 KiB, and room to align it).
+pub const PANELS_SCRATCH_BYTES: usize = CAPACITY * std::mem::size_of::<PanelBlock>() + 64;
+
+/// Up to [`panel_rows`] weight rows decoded to int8 values and packed for `matmul8`, in a
+/// buffer the caller owns (the executor's planned per-thread scratch).
+pub struct Panels<'a> {
+    blocks: &'a mut [MaybeUninit<PanelBlock>],
     /// Blocks per row.
     nb: usize,
     /// Rows packed (the last panel is padded with zero rows).
     n_rows: usize,
 }
 
-impl Default for Panels {
-    fn default() -> Self {
+impl<'a> Panels<'a> {
+    /// Panels in `buf`, which holds at least [`PANELS_SCRATCH_BYTES`] (any alignment: the
+    /// panels start at its first 64-byte boundary). Nothing is packed yet.
+    ///
+    /// # Panics
+    /// If `buf` is too small.
+    pub fn new(buf: &'a mut [f32]) -> Panels<'a> {
+        let off = buf
+            .as_ptr()
+            .align_offset(std::mem::align_of::<PanelBlock>());
+        let need = CAPACITY * std::mem::size_of::<PanelBlock>() / 4;
+        assert!(
+            off <= 16 && buf.len() >= off + need,
+            "panels: a buffer of {} bytes is too small",
+            std::mem::size_of_val(buf)
+        );
+        let start = buf[off..].as_mut_ptr().cast::<MaybeUninit<PanelBlock>>();
+        // SAFETY: `start` is aligned for `PanelBlock` (align_offset), the CAPACITY blocks lie
+        // inside `buf` (checked above), `buf` is borrowed mutably for 'a so nothing else
+        // touches them, and `MaybeUninit<PanelBlock>` is valid for any bytes (f32 included).
+        let blocks = unsafe { std::slice::from_raw_parts_mut(start, CAPACITY) };
         Panels {
-            blocks: [const { MaybeUninit::uninit() }; CAPACITY],
+            blocks,
             nb: 0,
             n_rows: 0,
         }
     }
-}
 
-impl Panels {
     /// Rows packed.
     pub fn n_rows(&self) -> usize {
         self.n_rows
@@ -97,7 +117,10 @@ impl Panels {
         nb: usize,
         block: impl Fn(usize, usize) -> (f32, [i8; 32]),
     ) {
-        assert!(n_rows <= panel_rows(nb), "panels: {n_rows} rows of {nb} blocks do not fit");
+        assert!(
+            n_rows <= panel_rows(nb),
+            "panels: {n_rows} rows of {nb} blocks do not fit"
+        );
         self.nb = nb;
         self.n_rows = n_rows;
         for p in 0..n_rows.div_ceil(PANEL_ROWS) {
@@ -130,7 +153,7 @@ impl Panels {
 /// The CPU has the features of [`super::x86::avx512_detected`]; every `x[t]` has at least the
 /// packed rows' blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn matmul8(p: &Panels, x: [&[BlockQ8_0]; 8], y: [&mut [f32]; 8]) {
+pub(super) unsafe fn matmul8(p: &Panels<'_>, x: [&[BlockQ8_0]; 8], y: [&mut [f32]; 8]) {
     const T: usize = 8;
     let nb = p.nb;
     assert!(x.iter().all(|x| x.len() >= nb));
@@ -174,7 +197,9 @@ pub(super) unsafe fn matmul8(p: &Panels, x: [&[BlockQ8_0]; 8], y: [&mut [f32]; 8
                 for (g, wg) in w.iter().enumerate() {
                     // SAFETY: bytes 4g..4g + 4 of the 32 quants; read_unaligned needs no
                     // alignment.
-                    let q4 = unsafe { std::ptr::read_unaligned(xb.qs.as_ptr().add(4 * g).cast::<i32>()) };
+                    let q4 = unsafe {
+                        std::ptr::read_unaligned(xb.qs.as_ptr().add(4 * g).cast::<i32>())
+                    };
                     s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q4));
                 }
                 let d = _mm512_mul_ps(dw, _mm512_set1_ps(dx[i][t]));

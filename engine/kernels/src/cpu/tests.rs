@@ -1233,7 +1233,12 @@ fn panels_match_one_token() {
     let mut tested = 0;
     let mut worst = 0f64;
     for k in all_kernels() {
-        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::IQ4_NL] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_0,
+            GgmlType::IQ4_NL,
+        ] {
             let exact = matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL);
             for (first, n_pack, nb) in [
                 (0usize, 1usize, 1usize),
@@ -1260,14 +1265,14 @@ fn panels_match_one_token() {
                         .collect()
                 };
                 let xs: Vec<Vec<u8>> = (0..8).map(|_| raw_q8_0(&mut r, 1, nb)).collect();
-                let mut p = Panels::default();
+                let mut buf = vec![0f32; PANELS_SCRATCH_BYTES / 4];
+                let mut p = Panels::new(&mut buf);
                 k.pack_panels(ty, n, &w, first..first + n_pack, &mut p);
                 assert_eq!(p.n_rows(), n_pack);
                 let mut ys = vec![vec![f32::NAN; n_pack]; 8];
                 {
                     let mut it = ys.iter_mut();
-                    let y8: [&mut [f32]; 8] =
-                        std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+                    let y8: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
                     let x8: [&[u8]; 8] = std::array::from_fn(|t| &xs[t][..]);
                     k.matmul_panels8(&p, x8, y8);
                 }

@@ -102,6 +102,17 @@ pub fn online_scratch_bytes_per_thread(head_dim: usize) -> usize {
     2 * head_dim * 4
 }
 
+/// A thread's scratch of `attention_bytes` for attention, grown where this CPU may run prefill
+/// through packed panels to hold them too (one op uses the scratch at a time: a matmul's
+/// panels, or attention's rows).
+pub fn with_panels(attention_bytes: usize) -> usize {
+    if edge_kernels::cpu::panels_possible() {
+        attention_bytes.max(edge_kernels::cpu::PANELS_SCRATCH_BYTES)
+    } else {
+        attention_bytes
+    }
+}
+
 /// Everything a run touches besides the model.
 pub struct Executor {
     /// Attention runs tiled with an online softmax (always for a q8_0 cache; for f16 when
@@ -180,11 +191,11 @@ impl Executor {
         online_attention: bool,
         kernels: Kernels,
     ) -> Result<Executor, String> {
-        let scratch_per_thread = if online_attention {
+        let scratch_per_thread = with_panels(if online_attention {
             online_scratch_bytes_per_thread(head_dim)
         } else {
             scratch_bytes_per_thread(ctx, head_dim, heads_together)
-        }
+        })
         .next_multiple_of(crate::memory::ALIGN);
         Ok(Executor {
             online_attention,

@@ -142,9 +142,9 @@ impl OpCtx<'_> {
         }
     }
 
-    /// The tokens of a prefill matmul 8 at a time through `rows` packed into panels (on this
-    /// thread's stack, as many rows as they hold at a time, each packing used by all the
-    /// tokens: see `edge_kernels::cpu::Panels`); returns the first token left.
+    /// The tokens of a prefill matmul 8 at a time through `rows` packed into panels (in this
+    /// thread's planned scratch, as many rows as they hold at a time, each packing used by all
+    /// the tokens: see `edge_kernels::cpu::Panels`); returns the first token left.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn panel_groups(
@@ -159,7 +159,7 @@ impl OpCtx<'_> {
         out: ValueId,
     ) -> usize {
         let k = &self.exec.kernels;
-        let mut panels = Panels::default();
+        let mut panels = Panels::new(self.scratch());
         let step = panel_rows(n / 32).max(1);
         let mut t = 0;
         for start in rows.clone().step_by(step) {

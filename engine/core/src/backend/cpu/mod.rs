@@ -27,7 +27,7 @@ pub use exec::{
 
 /// Bytes of scratch of all threads of a session of this shape (`None` on overflow).
 pub fn scratch_bytes(shape: &Shape) -> Option<usize> {
-    if shape.flash_attn {
+    exec::with_panels(if shape.flash_attn {
         online_scratch_bytes_per_thread(shape.head_dim)
     } else {
         scratch_bytes_per_thread(
@@ -35,7 +35,7 @@ pub fn scratch_bytes(shape: &Shape) -> Option<usize> {
             shape.head_dim,
             heads_together(shape.n_head / shape.n_head_kv.max(1)),
         )
-    }
+    })
     .checked_next_multiple_of(ALIGN)?
     .checked_mul(shape.threads)
 }

@@ -18,7 +18,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use edge_gguf::GgmlType;
-use edge_kernels::cpu::{panel_rows, Panels, Phase, MATVEC_TOKENS, MATVEC_TOKENS8};
+use edge_kernels::cpu::{
+    panel_rows, Panels, Phase, MATVEC_TOKENS, MATVEC_TOKENS8, PANELS_SCRATCH_BYTES,
+};
 use edge_kernels::Kernels;
 
 use crate::graph::WeightId;
@@ -238,7 +240,8 @@ fn prefill_pass(
     if k.panels_for(ty, n, n_rows) {
         // The packing is timed too, once for the groups (as the executor packs a chunk once
         // for all its tokens).
-        let mut panels = Panels::default();
+        let mut buf = vec![0f32; PANELS_SCRATCH_BYTES / 4];
+        let mut panels = Panels::new(&mut buf);
         let step = panel_rows(n / 32).max(1);
         for start in (0..rows).step_by(step) {
             let part = start..(start + step).min(rows);
