@@ -1459,35 +1459,36 @@ impl Kernels {
     ) {
         let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
         let nb = n / QK;
-        let row = |r: usize| &w_rows[r * rb..(r + 1) * rb];
-        let nibbles = |qs: &[u8; QK / 2], table: &dyn Fn(u8) -> i8| -> [i8; QK] {
-            std::array::from_fn(|j| {
-                table(if j < QK / 2 {
-                    qs[j] & 0x0F
-                } else {
-                    qs[j - QK / 2] >> 4
-                })
-            })
-        };
+        // Row r's block i (the rows are whole blocks of `w_ty`, `rb` bytes each).
+        fn block<B: block::Block>(w_rows: &[u8], rb: usize, r: usize, i: usize) -> &B {
+            &blocks::<B>(&w_rows[r * rb..(r + 1) * rb])[i]
+        }
+        // 4-bit indices (low nibble = element j, high = element j + 16) through `table`.
+        fn nibbles(qs: &[u8; QK / 2], table: &[i8; 16]) -> [i8; QK] {
+            let mut v = [0i8; QK];
+            for (j, &q) in qs.iter().enumerate() {
+                v[j] = table[usize::from(q & 0x0F)];
+                v[j + QK / 2] = table[usize::from(q >> 4)];
+            }
+            v
+        }
+        const Q4_0_LEVELS: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
         match w_ty {
             GgmlType::Q8_0 => p.pack(rows.len(), nb, |r, i| {
-                let b = &blocks::<BlockQ8_0>(row(r))[i];
+                let b = block::<BlockQ8_0>(w_rows, rb, r, i);
                 (b.d(), b.qs)
             }),
             GgmlType::Q5_0 => p.pack(rows.len(), nb, |r, i| {
-                let b = &blocks::<q5_0::BlockQ5_0>(row(r))[i];
+                let b = block::<q5_0::BlockQ5_0>(w_rows, rb, r, i);
                 (b.d(), b.quants().map(|q| q as i8 - 16))
             }),
             GgmlType::Q4_0 => p.pack(rows.len(), nb, |r, i| {
-                let b = &blocks::<BlockQ4_0>(row(r))[i];
-                (b.d(), nibbles(&b.qs, &|q| q as i8 - 8))
+                let b = block::<BlockQ4_0>(w_rows, rb, r, i);
+                (b.d(), nibbles(&b.qs, &Q4_0_LEVELS))
             }),
             GgmlType::IQ4_NL => p.pack(rows.len(), nb, |r, i| {
-                let b = &blocks::<iq4_nl::BlockIq4Nl>(row(r))[i];
-                (
-                    b.d(),
-                    nibbles(&b.qs, &|q| iq4_nl::KVALUES_IQ4NL[usize::from(q)]),
-                )
+                let b = block::<iq4_nl::BlockIq4Nl>(w_rows, rb, r, i);
+                (b.d(), nibbles(&b.qs, &iq4_nl::KVALUES_IQ4NL))
             }),
             _ => panic!("pack_panels: no panels for {w_ty}"),
         }

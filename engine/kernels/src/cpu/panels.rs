@@ -133,10 +133,10 @@ impl<'a> Panels<'a> {
                 for r in 0..PANEL_ROWS.min(n_rows - p * PANEL_ROWS) {
                     let (d, v) = block(p * PANEL_ROWS + r, i);
                     b.d[r] = d;
-                    for g in 0..8 {
-                        for k in 0..4 {
-                            b.q[g][4 * r + k] = (v[4 * g + k] as u8) ^ 0x80;
-                        }
+                    for (g, q) in b.q.iter_mut().enumerate() {
+                        let four = [v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]];
+                        let biased = u32::from_ne_bytes(four.map(|x| x as u8)) ^ 0x8080_8080;
+                        q[4 * r..4 * r + 4].copy_from_slice(&biased.to_ne_bytes());
                     }
                 }
                 self.blocks[p * nb + i].write(b);
