@@ -208,10 +208,12 @@ fn q6_k_agrees_with_llama_cpp() {
     check("Q6_K", 100, 0.001, 1e-4, 5);
 }
 
-/// Measured: top-1 367/367, max 0.0000, mean 0.00003, greedy 8/8 (bit-exact).
+/// Measured: top-1 367/367, max 0.0000, mean 0.00003 (bit-exact), greedy 8/8 where prefill
+/// keeps ggml's one-token order, 6/8 with the packed panels of AVX-512 VNNI machines (see
+/// `q8_0_agrees_with_llama_cpp`).
 #[test]
 fn q5_0_agrees_with_llama_cpp() {
-    check("Q5_0", 100, 0.001, 1e-4, 8);
+    check("Q5_0", 100, 0.001, 1e-4, 6);
 }
 
 /// Measured: top-1 367/367, max 0.0000, mean 0.00003, greedy 8/8 (bit-exact).
@@ -243,12 +245,16 @@ fn iq4_nl_agrees_with_llama_cpp() {
 }
 
 /// Measured: top-1 367/367, max 0.0001, mean 0.00003 (as llama.cpp's to the reference's printed
-/// precision), greedy 7/8 (batched prefill). IQ4_XS tensors (ffn_down) run ggml's x86
-/// `ggml_vec_dot_iq4_xs_q8_K` order (`cpu/kquant_order.rs`), the IQ4_NL ones (576-wide rows)
-/// the repacked `ggml_gemv_iq4_nl_8x8_q8_0` (`cpu/repack.rs`); 96.7% before.
+/// precision), greedy 7/8 (batched prefill) where prefill keeps ggml's one-token order, 6/8
+/// with the packed panels (AVX-512 VNNI; the IQ4_XS tensors' super-block sums scaled once:
+/// perplexity on the committed text, `-c 512 -b 512`: llama-perplexity 21.3518 batched and
+/// 21.4601 one token at a time, edge-run 21.3537 without the panels and 21.4345 with them).
+/// IQ4_XS tensors (ffn_down) run ggml's x86 `ggml_vec_dot_iq4_xs_q8_K` order
+/// (`cpu/kquant_order.rs`) one token at a time, the IQ4_NL ones (576-wide rows) the repacked
+/// `ggml_gemv_iq4_nl_8x8_q8_0` (`cpu/repack.rs`, the panels' order too); 96.7% before.
 #[test]
 fn iq4_xs_agrees_with_llama_cpp() {
-    check("IQ4_XS", 100, 0.001, 1e-4, 7);
+    check("IQ4_XS", 100, 0.001, 1e-4, 6);
 }
 
 /// Measured: top-1 367/367, max 0.0000, mean 0.00002 (bit-exact), greedy 5/8 (batched

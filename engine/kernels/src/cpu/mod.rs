@@ -1431,6 +1431,7 @@ impl Kernels {
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
             let typed = match w_ty {
                 GgmlType::Q8_0 | GgmlType::Q5_0 => true,
+                GgmlType::IQ4_XS => n.is_multiple_of(QK_K),
                 GgmlType::Q4_0 | GgmlType::IQ4_NL => repack::repacked_shape(n_rows),
                 _ => false,
             };
@@ -1457,6 +1458,7 @@ impl Kernels {
         rows: Range<usize>,
         p: &mut Panels<'_>,
     ) {
+        use panels::PanelKind::{Blocks32, SuperBlocks256};
         let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
         let nb = n / QK;
         // Row r's block i (the rows are whole blocks of `w_ty`, `rb` bytes each).
@@ -1474,21 +1476,33 @@ impl Kernels {
         }
         const Q4_0_LEVELS: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
         match w_ty {
-            GgmlType::Q8_0 => p.pack(rows.len(), nb, |r, i| {
+            GgmlType::Q8_0 => p.pack(Blocks32, rows.len(), nb, |r, i| {
                 let b = block::<BlockQ8_0>(w_rows, rb, r, i);
-                (b.d(), b.qs)
+                (b.d(), 0, b.qs)
             }),
-            GgmlType::Q5_0 => p.pack(rows.len(), nb, |r, i| {
+            GgmlType::Q5_0 => p.pack(Blocks32, rows.len(), nb, |r, i| {
                 let b = block::<q5_0::BlockQ5_0>(w_rows, rb, r, i);
-                (b.d(), b.quants().map(|q| q as i8 - 16))
+                (b.d(), 0, b.quants().map(|q| q as i8 - 16))
             }),
-            GgmlType::Q4_0 => p.pack(rows.len(), nb, |r, i| {
+            GgmlType::Q4_0 => p.pack(Blocks32, rows.len(), nb, |r, i| {
                 let b = block::<BlockQ4_0>(w_rows, rb, r, i);
-                (b.d(), nibbles(&b.qs, &Q4_0_LEVELS))
+                (b.d(), 0, nibbles(&b.qs, &Q4_0_LEVELS))
             }),
-            GgmlType::IQ4_NL => p.pack(rows.len(), nb, |r, i| {
+            GgmlType::IQ4_NL => p.pack(Blocks32, rows.len(), nb, |r, i| {
                 let b = block::<iq4_nl::BlockIq4Nl>(w_rows, rb, r, i);
-                (b.d(), nibbles(&b.qs, &iq4_nl::KVALUES_IQ4NL))
+                (b.d(), 0, nibbles(&b.qs, &iq4_nl::KVALUES_IQ4NL))
+            }),
+            GgmlType::IQ4_XS => p.pack(SuperBlocks256, rows.len(), nb, |r, i| {
+                // Sub-block i % 8 of super-block i / 8: its 16 bytes of indices hold elements
+                // 32k..32k + 16 (low nibbles) and 32k + 16..32k + 32 (high).
+                let b = block::<iq4_xs::BlockIq4Xs>(w_rows, rb, r, i / 8);
+                let k = i % 8;
+                let qs: &[u8; QK / 2] = b.qs[16 * k..16 * k + 16].try_into().expect("16 bytes");
+                (
+                    block::f16_le(b.d),
+                    b.scale(k),
+                    nibbles(qs, &iq4_nl::KVALUES_IQ4NL),
+                )
             }),
             _ => panic!("pack_panels: no panels for {w_ty}"),
         }
@@ -1508,10 +1522,16 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa {
             if t.avx512() {
-                let x = x_q.map(blocks::<BlockQ8_0>);
-                // SAFETY: the token proves the AVX-512 features; the kernel asserts the
+                // SAFETY (both): the token proves the AVX-512 features; the kernels assert the
                 // activation and output lengths.
-                unsafe { panels::matmul8(p, x, y) };
+                match p.kind() {
+                    panels::PanelKind::Blocks32 => unsafe {
+                        panels::matmul8(p, x_q.map(blocks::<BlockQ8_0>), y)
+                    },
+                    panels::PanelKind::SuperBlocks256 => unsafe {
+                        panels::matmul8_k(p, x_q.map(blocks::<BlockQ8_K>), y)
+                    },
+                }
                 return;
             }
         }

@@ -34,6 +34,8 @@ use std::mem::MaybeUninit;
 use super::block::f16_le;
 #[cfg(target_arch = "x86_64")]
 use super::q8_0::BlockQ8_0;
+#[cfg(target_arch = "x86_64")]
+use super::q8_k::BlockQ8_K;
 
 /// Weight rows per panel (the lanes of one 512-bit register of i32).
 pub const PANEL_ROWS: usize = 16;
@@ -50,14 +52,27 @@ pub fn panel_rows(nb: usize) -> usize {
     PANEL_ROWS * MAX_PANELS.min(CAPACITY / nb.max(1))
 }
 
-/// One block of one panel: 16 rows' quants biased and interleaved, then their scales.
+/// One block of 32 values of one panel: 16 rows' quants biased and interleaved, then their
+/// scales.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct PanelBlock {
     /// Group `g` (quants `4g..4g + 4` of the block): row `r`'s 4 quants `+ 128` at `4r..4r + 4`.
     q: [[u8; 64]; 8],
-    /// The 16 rows' `d` as f32.
+    /// The 16 rows' `d` as f32 (for a sub-block of a 256-value super-block: the super-block's).
     d: [f32; PANEL_ROWS],
+    /// The 16 rows' integer sub-block scales (super-blocks; 0 for 32-value blocks).
+    sc: [i32; PANEL_ROWS],
+}
+
+/// How a panel's blocks are scaled, which decides the activations it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PanelKind {
+    /// Blocks of 32 values and one scale (Q8_0, Q5_0, Q4_0, IQ4_NL); Q8_0 activations.
+    Blocks32,
+    /// Super-blocks of 256 values: 8 sub-blocks of 32 with integer scales, one f32 scale
+    /// (IQ4_XS); Q8_K activations. `nb` counts sub-blocks.
+    SuperBlocks256,
 }
 
 /// Bytes of scratch a thread needs for [`Panels`] (147 KiB, and room to align it).
@@ -67,7 +82,8 @@ pub const PANELS_SCRATCH_BYTES: usize = CAPACITY * std::mem::size_of::<PanelBloc
 /// buffer the caller owns (the executor's planned per-thread scratch).
 pub struct Panels<'a> {
     blocks: &'a mut [MaybeUninit<PanelBlock>],
-    /// Blocks per row.
+    kind: PanelKind,
+    /// Blocks (of 32 values) per row.
     nb: usize,
     /// Rows packed (the last panel is padded with zero rows).
     n_rows: usize,
@@ -96,6 +112,7 @@ impl<'a> Panels<'a> {
         let blocks = unsafe { std::slice::from_raw_parts_mut(start, CAPACITY) };
         Panels {
             blocks,
+            kind: PanelKind::Blocks32,
             nb: 0,
             n_rows: 0,
         }
@@ -106,33 +123,44 @@ impl<'a> Panels<'a> {
         self.n_rows
     }
 
-    /// Packs `n_rows` rows of `nb` blocks (at most [`panel_rows`]`(nb)` of them): `block(r, i)`
-    /// is row `r`'s block `i` as its scale and 32 int8 values.
+    /// How the packed blocks are scaled.
+    pub(super) fn kind(&self) -> PanelKind {
+        self.kind
+    }
+
+    /// Packs `n_rows` rows of `nb` blocks of 32 values (at most [`panel_rows`]`(nb)` rows):
+    /// `block(r, i)` is row `r`'s block `i` as its scales (f32; integer, for a sub-block of a
+    /// super-block) and 32 int8 values.
     ///
     /// # Panics
-    /// If there are too many rows for `nb`.
+    /// If there are too many rows for `nb`, or super-blocks with `nb` not a multiple of 8.
     pub(super) fn pack(
         &mut self,
+        kind: PanelKind,
         n_rows: usize,
         nb: usize,
-        block: impl Fn(usize, usize) -> (f32, [i8; 32]),
+        block: impl Fn(usize, usize) -> (f32, i32, [i8; 32]),
     ) {
         assert!(
             n_rows <= panel_rows(nb),
             "panels: {n_rows} rows of {nb} blocks do not fit"
         );
+        assert!(kind == PanelKind::Blocks32 || nb.is_multiple_of(8));
+        self.kind = kind;
         self.nb = nb;
         self.n_rows = n_rows;
         for p in 0..n_rows.div_ceil(PANEL_ROWS) {
             for i in 0..nb {
                 let mut b = PanelBlock {
-                    // A padding row: values 0 (biased: 128) and scale 0.
+                    // A padding row: values 0 (biased: 128) and scales 0.
                     q: [[128; 64]; 8],
                     d: [0.0; PANEL_ROWS],
+                    sc: [0; PANEL_ROWS],
                 };
                 for r in 0..PANEL_ROWS.min(n_rows - p * PANEL_ROWS) {
-                    let (d, v) = block(p * PANEL_ROWS + r, i);
+                    let (d, sc, v) = block(p * PANEL_ROWS + r, i);
                     b.d[r] = d;
+                    b.sc[r] = sc;
                     for (g, q) in b.q.iter_mut().enumerate() {
                         let four = [v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]];
                         let biased = u32::from_ne_bytes(four.map(|x| x as u8)) ^ 0x8080_8080;
@@ -156,6 +184,7 @@ impl<'a> Panels<'a> {
 pub(super) unsafe fn matmul8(p: &Panels<'_>, x: [&[BlockQ8_0]; 8], y: [&mut [f32]; 8]) {
     const T: usize = 8;
     let nb = p.nb;
+    assert!(p.kind == PanelKind::Blocks32);
     assert!(x.iter().all(|x| x.len() >= nb));
     assert!(y.iter().all(|y| y.len() == p.n_rows));
     // Per block and token: the lane's start, -128 * sum(x), and d_x.
@@ -204,6 +233,84 @@ pub(super) unsafe fn matmul8(p: &Panels<'_>, x: [&[BlockQ8_0]; 8], y: [&mut [f32
                 }
                 let d = _mm512_mul_ps(dw, _mm512_set1_ps(dx[i][t]));
                 acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[t]);
+            }
+        }
+        let r0 = panel * PANEL_ROWS;
+        let n = PANEL_ROWS.min(p.n_rows - r0);
+        for (yt, a) in y.iter_mut().zip(acc) {
+            let mut v = [0f32; PANEL_ROWS];
+            // SAFETY: `v` holds 16 f32; storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), a) };
+            yt[r0..r0 + n].copy_from_slice(&v[..n]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// [`matmul8`] for super-block panels ([`PanelKind::SuperBlocks256`]) and Q8_K activations:
+/// per super-block and row, `sum_j sc_j * dot_j` over the 8 sub-blocks in integers (exact, as
+/// ggml's IQ4_XS sums), then one `fma` with `d_w * d_x`. Each sub-block's lane starts at
+/// `-128 * sum(x)` of its 32 activations, from the two `bsums` of Q8_K.
+///
+/// # Safety
+/// As [`matmul8`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn matmul8_k(p: &Panels<'_>, x: [&[BlockQ8_K]; 8], y: [&mut [f32]; 8]) {
+    const T: usize = 8;
+    let nb = p.nb;
+    let n_super = nb / 8;
+    assert!(p.kind == PanelKind::SuperBlocks256);
+    assert!(x.iter().all(|x| x.len() >= n_super));
+    assert!(y.iter().all(|y| y.len() == p.n_rows));
+    let mut y = y;
+    for panel in 0..p.n_rows.div_ceil(PANEL_ROWS) {
+        let mut acc = [_mm512_setzero_ps(); T];
+        for s in 0..n_super {
+            let mut isum = [_mm512_setzero_si512(); T];
+            for j in 0..8 {
+                let i = 8 * s + j;
+                // SAFETY: blocks panel * nb + i (i < nb) of every packed panel were written
+                // by `pack`.
+                let b = unsafe { p.blocks.get_unchecked(panel * nb + i).assume_init_ref() };
+                // SAFETY: `q[g]` is 64 bytes, aligned to 64 with the block.
+                let w: [__m512i; 8] = std::array::from_fn(|g| unsafe {
+                    _mm512_load_si512(b.q.get_unchecked(g).as_ptr().cast())
+                });
+                // SAFETY: `sc` is 16 i32 at a 64-byte boundary of the aligned block.
+                let sc = unsafe { _mm512_load_si512(b.sc.as_ptr().cast()) };
+                for t in 0..T {
+                    // SAFETY: s < n_super <= x[t].len() (asserted).
+                    let xb = unsafe { x[t].get_unchecked(s) };
+                    let sum_x = xb.bsum(2 * j) + xb.bsum(2 * j + 1);
+                    let mut d = _mm512_set1_epi32(-128 * sum_x);
+                    for (g, wg) in w.iter().enumerate() {
+                        // SAFETY: bytes 32j + 4g .. + 4 of the 256 quants; read_unaligned
+                        // needs no alignment.
+                        let q4 = unsafe {
+                            std::ptr::read_unaligned(
+                                xb.qs.as_ptr().add(32 * j + 4 * g).cast::<i32>(),
+                            )
+                        };
+                        d = _mm512_dpbusd_epi32(d, *wg, _mm512_set1_epi32(q4));
+                    }
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d, sc));
+                }
+            }
+            // SAFETY: block panel * nb + 8s was written by `pack`; `d` is 16 aligned f32.
+            let dw = unsafe {
+                _mm512_load_ps(
+                    p.blocks
+                        .get_unchecked(panel * nb + 8 * s)
+                        .assume_init_ref()
+                        .d
+                        .as_ptr(),
+                )
+            };
+            for t in 0..T {
+                // SAFETY: s < x[t].len() (asserted).
+                let dx = unsafe { x[t].get_unchecked(s) }.d();
+                let d = _mm512_mul_ps(dw, _mm512_set1_ps(dx));
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum[t]), acc[t]);
             }
         }
         let r0 = panel * PANEL_ROWS;

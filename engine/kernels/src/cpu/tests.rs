@@ -1238,6 +1238,7 @@ fn panels_match_one_token() {
             GgmlType::Q5_0,
             GgmlType::Q4_0,
             GgmlType::IQ4_NL,
+            GgmlType::IQ4_XS,
         ] {
             let exact = matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL);
             for (first, n_pack, nb) in [
@@ -1259,12 +1260,31 @@ fn panels_match_one_token() {
                 tested += 1;
                 let w: Vec<u8> = if ty == GgmlType::Q8_0 {
                     raw_q8_0(&mut r, n_rows, nb)
+                } else if ty == GgmlType::IQ4_XS {
+                    // Any bytes are a valid IQ4_XS block, given a finite scale.
+                    (0..n_rows * nb / 8)
+                        .flat_map(|_| {
+                            let mut b = f16_le_bytes(0.001 + r.f32(1.0).abs() * 0.01).to_vec();
+                            b.extend(r.bytes(134));
+                            b
+                        })
+                        .collect()
                 } else {
                     (0..n_rows)
                         .flat_map(|_| any_weight_row(&mut r, ty, n))
                         .collect()
                 };
-                let xs: Vec<Vec<u8>> = (0..8).map(|_| raw_q8_0(&mut r, 1, nb)).collect();
+                let xs: Vec<Vec<u8>> = (0..8)
+                    .map(|_| {
+                        if ty == GgmlType::IQ4_XS {
+                            let mut x = vec![0u8; bytes_of(GgmlType::Q8_K, n)];
+                            quantize_row(GgmlType::Q8_K, &r.vec(n, 1.0), &mut x).unwrap();
+                            x
+                        } else {
+                            raw_q8_0(&mut r, 1, nb)
+                        }
+                    })
+                    .collect();
                 let mut buf = vec![0f32; PANELS_SCRATCH_BYTES / 4];
                 let mut p = Panels::new(&mut buf);
                 k.pack_panels(ty, n, &w, first..first + n_pack, &mut p);
@@ -1280,7 +1300,16 @@ fn panels_match_one_token() {
                 for (t, x) in xs.iter().enumerate() {
                     let mut want = vec![0f32; n_pack];
                     k.matvec(ty, n, &w, x, first..first + n_pack, &mut want);
-                    let xb: &[BlockQ8_0] = blocks(x);
+                    // Activation j as a number.
+                    let act = |j: usize| -> f64 {
+                        if ty == GgmlType::IQ4_XS {
+                            let xb: &[BlockQ8_K] = blocks(x);
+                            xb[j / QK_K].d() as f64 * xb[j / QK_K].qs[j % QK_K] as f64
+                        } else {
+                            let xb: &[BlockQ8_0] = blocks(x);
+                            f16_le(xb[j / QK].d) as f64 * xb[j / QK].qs[j % QK] as f64
+                        }
+                    };
                     for (row, (&got, &want)) in ys[t].iter().zip(&want).enumerate() {
                         let what = format!(
                             "{} {ty}: rows {first}+{n_pack} of {n_rows}, {nb} blocks, token {t}, \
@@ -1294,12 +1323,7 @@ fn panels_match_one_token() {
                         let mut wf = vec![0f32; n];
                         let wr = &w[(first + row) * rb..(first + row + 1) * rb];
                         dequantize_row(ty, wr, &mut wf).unwrap();
-                        let scale: f64 = (0..n)
-                            .map(|j| {
-                                let xj = f16_le(xb[j / QK].d) as f64 * xb[j / QK].qs[j % QK] as f64;
-                                (wf[j] as f64 * xj).abs()
-                            })
-                            .sum();
+                        let scale: f64 = (0..n).map(|j| (wf[j] as f64 * act(j)).abs()).sum();
                         let err = (got as f64 - want as f64).abs();
                         let bound = 4.0 * (nb + 8) as f64 * 2f64.powi(-24) * scale + 1e-30;
                         assert!(err <= bound, "{what} (bound {bound:e})");
@@ -1309,5 +1333,7 @@ fn panels_match_one_token() {
             }
         }
     }
-    eprintln!("panels: {tested} shapes tested, worst Q8_0/Q5_0 error {worst:.3} of the bound");
+    eprintln!(
+        "panels: {tested} shapes tested, worst Q8_0/Q5_0/IQ4_XS error {worst:.3} of the bound"
+    );
 }
