@@ -124,6 +124,7 @@ impl<'a> Panels<'a> {
     }
 
     /// How the packed blocks are scaled.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86-64 has the kernels
     pub(super) fn kind(&self) -> PanelKind {
         self.kind
     }
