@@ -1,30 +1,32 @@
-//! Prefill through packed panels of 16 weight rows, for the weight types whose blocks are 32
-//! int8 values and one scale (Q8_0; Q5_0, Q4_0 and IQ4_NL decoded to their int8 values), with
-//! AVX-512 VNNI: one
-//! `vpdpbusd` adds 4 quants of one token to 16 rows' dot products at once, so that a block's
-//! integer dot product for 16 rows costs 8 instructions and its scaling 3 (convert, scale
-//! product, `fma`), against ~3.5 instructions per row, block and token in the kernels that keep
-//! ggml's 8 partial sums per block (`avx512::dot_q8_0_q8_0_x8`, the tiles).
+//! Prefill through packed panels of 16 weight rows with AVX-512 VNNI, for the weight types
+//! whose blocks are 32 int8 values and one scale once decoded (Q8_0, Q5_0, Q4_0, IQ4_NL) and
+//! for IQ4_XS (super-blocks of 8 such sub-blocks with integer scales): one `vpdpbusd` adds 4
+//! quants of one token to 16 rows' dot products at once, so that a block's integer dot product
+//! for 16 rows costs 8 instructions and its scaling 3 (convert, scale product, `fma`), against
+//! ~3.5 instructions per row, block and token in the kernels that keep ggml's 8 partial sums
+//! per block (`avx512::dot_q8_0_q8_0_x8`, the tiles).
 //!
-//! The weights are repacked per call into a buffer the caller owns (on its stack; the file's
-//! bytes are never copied elsewhere): per block, the 16 rows' quants biased by 128 (unsigned,
-//! `vpdpbusd`'s first operand) and interleaved by groups of 4 (64 bytes per group: row `r`'s
-//! 4 quants at bytes `4r..4r + 4`), then the 16 rows' scales as f32. The activations are read
-//! where they are: each group of 4 quants is one broadcast `u32` (the signed operand). Each
-//! lane's sum is `sum((w + 128) * x)`; the lane starts at `-128 * sum(x)` (one value per token
-//! and block, shared by the 16 rows), so it ends at `sum(w * x)` exactly, as ggml's integer
-//! sums are.
+//! The weights are decoded per chunk of rows into a buffer the caller owns (the executor's
+//! planned per-thread scratch; the file's bytes are never copied elsewhere): per block, the
+//! 16 rows' values biased by 128 (unsigned, `vpdpbusd`'s first operand) and interleaved by
+//! groups of 4 (64 bytes per group: row `r`'s 4 values at bytes `4r..4r + 4`), then the 16
+//! rows' scales. The activations are read where they are: each group of 4 quants is one
+//! broadcast `u32` (the signed operand). Each lane's sum is `sum((w + 128) * x)`; the lane
+//! starts at `-128 * sum(x)` (one value per token and block, shared by the 16 rows), so it
+//! ends at `sum(w * x)` exactly, as ggml's integer sums are. IQ4_XS sub-block sums are then
+//! multiplied by their scales and added in integers over the super-block, as ggml does.
 //!
-//! Each block's exact integer sum is scaled by `d_w * d_x` and added to the row's f32 sum with
-//! one `fma`, block after block: the order of llama.cpp's repacked x86 kernels (`cpu/repack.rs`),
-//! so for Q4_0 and IQ4_NL matrices that llama.cpp repacks (rows a multiple of 8) the results
-//! are **bit-identical** to edge-run's one-token kernels. For Q8_0 and Q5_0 they are **not**:
-//! ggml's one-token kernels keep 8 partial sums per block (their lanes) and add them at the
-//! end. The difference is f32 rounding only (relative ~1e-6 of the dot product); issue 17's
-//! rule for batched prefill ("within the gap between llama.cpp's own batched and token-by-token
-//! results; where exactness costs speed, speed wins") allows it (README, "Speed").
+//! Each block's (super-block's) exact integer sum is scaled by `d_w * d_x` and added to the
+//! row's f32 sum with one `fma`, block after block: the order of llama.cpp's repacked x86
+//! kernels (`cpu/repack.rs`), so for Q4_0 and IQ4_NL matrices that llama.cpp repacks (rows a
+//! multiple of 8) the results are **bit-identical** to edge-run's one-token kernels. For Q8_0,
+//! Q5_0 and IQ4_XS they are **not**: ggml's one-token kernels keep 8 partial sums per block
+//! (their lanes) and add them at the end. The difference is f32 rounding only (relative ~1e-6
+//! of the dot product); issue 17's rule for batched prefill ("within the gap between
+//! llama.cpp's own batched and token-by-token results; where exactness costs speed, speed
+//! wins") allows it (README, "Speed").
 //!
-//! The packing is plain Rust (every target compiles it); the kernel is x86-64 only.
+//! The packing is plain Rust (every target compiles it); the kernels are x86-64 only.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
