@@ -84,6 +84,10 @@ impl OutputOnDevice for EmulatedDevice<'_> {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "468 SmolLM2 steps: minutes under qemu; the logic is the same on every target and x86-64 runs it"
+)]
 fn device_constrained_steps_pick_the_host_path_tokens() {
     let Some(model) = smollm2() else { return };
     let mut session = Session::new(
