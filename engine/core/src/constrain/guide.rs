@@ -271,11 +271,8 @@ impl Guide {
         logits: &[f32],
         sampler: &mut Sampler,
     ) -> Result<Checked, ConstraintError> {
-        if self.may_force && !self.matcher.compute_ff_bytes().is_empty() {
+        if self.forces_bytes()? {
             return Ok(Checked::BytesForced);
-        }
-        if let Some(e) = self.matcher.get_error() {
-            return Err(ConstraintError::new("constrained decoding", e));
         }
         let (matcher, eog) = (&mut self.matcher, &self.eog);
         let n_vocab = self.masked.len();
@@ -339,15 +336,25 @@ impl Guide {
     /// Whether `token`, the unmasked argmax, is the step's token: allowed text, and no bytes
     /// forced here that llguidance would turn into its own token (see [`Guide::sample`]).
     fn check_one(&mut self, token: u32) -> Result<bool, ConstraintError> {
-        if self.may_force && !self.matcher.compute_ff_bytes().is_empty() {
+        if self.forces_bytes()? {
             return Ok(false);
-        }
-        if let Some(e) = self.matcher.get_error() {
-            return Err(ConstraintError::new("constrained decoding", e));
         }
         let n_vocab = self.masked.len();
         let v = verdict(&mut self.matcher, &self.eog, n_vocab, &mut None, token)?;
         Ok(v == Verdict::Text)
+    }
+
+    /// Whether a step must take the mask before asking about candidates: the grammar forces
+    /// bytes here and llguidance may turn them into its own token (see [`Guide::sample`]).
+    /// An error the matcher has met is returned instead.
+    fn forces_bytes(&mut self) -> Result<bool, ConstraintError> {
+        if self.may_force && !self.matcher.compute_ff_bytes().is_empty() {
+            return Ok(true);
+        }
+        match self.matcher.get_error() {
+            Some(e) => Err(ConstraintError::new("constrained decoding", e)),
+            None => Ok(false),
+        }
     }
 
     /// Whether `token` ends generation under the grammar (an EOG token).

@@ -94,7 +94,9 @@ pub use block::{f16_bits_to_f32, QK};
 pub use encoder::{attend_all, gelu, gelu_tanh, layer_norm};
 pub use error::KernelError;
 pub use ops::{f32_to_f16_row, rms_norm, rms_scale, scale_by_weight};
-pub use panels::{panel_rows, Panels, PANELS_SCRATCH_BYTES, PANEL_MAX_BLOCKS, PANEL_ROWS};
+pub use panels::{
+    panel_parts, panel_rows, Panels, PANELS_SCRATCH_BYTES, PANEL_MAX_BLOCKS, PANEL_ROWS,
+};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;
@@ -1420,15 +1422,18 @@ fn avx2_q8_0_tokens8(
 }
 
 impl Kernels {
-    /// Whether prefill of the `w_ty` matrix of `n_rows` rows of `n` values runs through packed
+    /// Whether prefill of the `w_ty` matrix `w` (whole, rows of `n` values) runs through packed
     /// panels here ([`Kernels::pack_panels`], [`Kernels::matmul_panels8`]): on the AVX-512 set
-    /// (as chosen for the type's prefill), Q8_0 and Q5_0 rows of at most [`PANEL_MAX_BLOCKS`]
-    /// blocks, and Q4_0 and IQ4_NL matrices whose rows llama.cpp repacks (`n_rows` a multiple
-    /// of 8). Results are bit-identical to one token at a time for Q4_0 and IQ4_NL, not for
-    /// Q8_0 and Q5_0 (see `panels.rs`). `EDGE_RUN_PANELS=0` turns them off.
-    pub fn panels_for(&self, w_ty: GgmlType, n: usize, n_rows: usize) -> bool {
+    /// (as chosen for the type's prefill), rows of at most [`PANEL_MAX_BLOCKS`] blocks of 32 of
+    /// Q8_0, Q5_0 and IQ4_XS, and Q4_0 and IQ4_NL matrices whose rows llama.cpp repacks (a
+    /// multiple of 8 rows). Results are bit-identical to one token at a time for Q4_0 and
+    /// IQ4_NL, not for Q8_0, Q5_0 and IQ4_XS (see `panels.rs`). `EDGE_RUN_PANELS=0` turns them
+    /// off.
+    pub fn panels_for(&self, w_ty: GgmlType, n: usize, w: &[u8]) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            let row_bytes = w_ty.row_bytes(n as u64).unwrap_or(0) as usize;
+            let n_rows = w.len().checked_div(row_bytes).unwrap_or(0);
             let typed = match w_ty {
                 GgmlType::Q8_0 | GgmlType::Q5_0 => true,
                 GgmlType::IQ4_XS => n.is_multiple_of(QK_K),
@@ -1441,7 +1446,7 @@ impl Kernels {
                 && n / QK <= PANEL_MAX_BLOCKS
                 && panels_enabled();
         }
-        let _ = (w_ty, n, n_rows);
+        let _ = (w_ty, n, w);
         false
     }
 

@@ -38,6 +38,8 @@ use super::block::f16_le;
 use super::q8_0::BlockQ8_0;
 #[cfg(target_arch = "x86_64")]
 use super::q8_k::BlockQ8_K;
+#[cfg(target_arch = "x86_64")]
+use super::x86::load_q8;
 
 /// Weight rows per panel (the lanes of one 512-bit register of i32).
 pub const PANEL_ROWS: usize = 16;
@@ -52,6 +54,17 @@ pub const PANEL_MAX_BLOCKS: usize = CAPACITY;
 /// Rows one [`Panels`] holds for rows of `nb` blocks (0 for rows too long).
 pub fn panel_rows(nb: usize) -> usize {
     PANEL_ROWS * MAX_PANELS.min(CAPACITY / nb.max(1))
+}
+
+/// `rows` of a matrix with rows of `n` values in the parts one [`Panels`] holds, in order.
+pub fn panel_parts(
+    n: usize,
+    rows: std::ops::Range<usize>,
+) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let step = panel_rows(n / 32).max(1);
+    let end = rows.end;
+    rows.step_by(step)
+        .map(move |start| start..(start + step).min(end))
 }
 
 /// One block of 32 values of one panel: 16 rows' quants biased and interleaved, then their
@@ -198,8 +211,8 @@ pub(super) unsafe fn matmul8(p: &Panels<'_>, x: [&[BlockQ8_0]; 8], y: [&mut [f32
         for t in 0..T {
             // SAFETY: i < nb <= x[t].len() (asserted).
             let b = unsafe { x[t].get_unchecked(i) };
-            // SAFETY: `qs` is 32 readable bytes; loadu has no alignment requirement.
-            let q = unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) };
+            // SAFETY: AVX2 is among this function's features.
+            let q = unsafe { load_q8(&b.qs) };
             // sum(x) of the 32 quants: vpdpbusd with 1s, then the 8 lanes.
             let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
             let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
@@ -213,13 +226,9 @@ pub(super) unsafe fn matmul8(p: &Panels<'_>, x: [&[BlockQ8_0]; 8], y: [&mut [f32
     for panel in 0..p.n_rows.div_ceil(PANEL_ROWS) {
         let mut acc = [_mm512_setzero_ps(); T];
         for i in 0..nb {
-            // SAFETY: blocks panel * nb + i (i < nb) of every packed panel were written by
-            // `pack`.
-            let b = unsafe { p.blocks.get_unchecked(panel * nb + i).assume_init_ref() };
-            // SAFETY: `q[g]` is 64 bytes, aligned to 64 with the block.
-            let w: [__m512i; 8] = std::array::from_fn(|g| unsafe {
-                _mm512_load_si512(b.q.get_unchecked(g).as_ptr().cast())
-            });
+            // SAFETY: i < nb.
+            let b = unsafe { p.block(panel, i) };
+            let w = groups(b);
             // SAFETY: `d` is 16 f32, 64-byte aligned (after 512 bytes of an aligned block).
             let dw = unsafe { _mm512_load_ps(b.d.as_ptr()) };
             for t in 0..T {
@@ -238,14 +247,7 @@ pub(super) unsafe fn matmul8(p: &Panels<'_>, x: [&[BlockQ8_0]; 8], y: [&mut [f32
                 acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[t]);
             }
         }
-        let r0 = panel * PANEL_ROWS;
-        let n = PANEL_ROWS.min(p.n_rows - r0);
-        for (yt, a) in y.iter_mut().zip(acc) {
-            let mut v = [0f32; PANEL_ROWS];
-            // SAFETY: `v` holds 16 f32; storeu has no alignment requirement.
-            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), a) };
-            yt[r0..r0 + n].copy_from_slice(&v[..n]);
-        }
+        store(&mut y, p, panel, acc);
     }
 }
 
@@ -272,13 +274,9 @@ pub(super) unsafe fn matmul8_k(p: &Panels<'_>, x: [&[BlockQ8_K]; 8], y: [&mut [f
             let mut isum = [_mm512_setzero_si512(); T];
             for j in 0..8 {
                 let i = 8 * s + j;
-                // SAFETY: blocks panel * nb + i (i < nb) of every packed panel were written
-                // by `pack`.
-                let b = unsafe { p.blocks.get_unchecked(panel * nb + i).assume_init_ref() };
-                // SAFETY: `q[g]` is 64 bytes, aligned to 64 with the block.
-                let w: [__m512i; 8] = std::array::from_fn(|g| unsafe {
-                    _mm512_load_si512(b.q.get_unchecked(g).as_ptr().cast())
-                });
+                // SAFETY: i < 8 * n_super = nb.
+                let b = unsafe { p.block(panel, i) };
+                let w = groups(b);
                 // SAFETY: `sc` is 16 i32 at a 64-byte boundary of the aligned block.
                 let sc = unsafe { _mm512_load_si512(b.sc.as_ptr().cast()) };
                 for t in 0..T {
@@ -299,16 +297,8 @@ pub(super) unsafe fn matmul8_k(p: &Panels<'_>, x: [&[BlockQ8_K]; 8], y: [&mut [f
                     isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d, sc));
                 }
             }
-            // SAFETY: block panel * nb + 8s was written by `pack`; `d` is 16 aligned f32.
-            let dw = unsafe {
-                _mm512_load_ps(
-                    p.blocks
-                        .get_unchecked(panel * nb + 8 * s)
-                        .assume_init_ref()
-                        .d
-                        .as_ptr(),
-                )
-            };
+            // SAFETY: 8s < nb; `d` is 16 f32 at a 64-byte boundary of the aligned block.
+            let dw = unsafe { _mm512_load_ps(p.block(panel, 8 * s).d.as_ptr()) };
             for t in 0..T {
                 // SAFETY: s < x[t].len() (asserted).
                 let dx = unsafe { x[t].get_unchecked(s) }.d();
@@ -316,13 +306,48 @@ pub(super) unsafe fn matmul8_k(p: &Panels<'_>, x: [&[BlockQ8_K]; 8], y: [&mut [f
                 acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum[t]), acc[t]);
             }
         }
-        let r0 = panel * PANEL_ROWS;
-        let n = PANEL_ROWS.min(p.n_rows - r0);
-        for (yt, a) in y.iter_mut().zip(acc) {
-            let mut v = [0f32; PANEL_ROWS];
-            // SAFETY: `v` holds 16 f32; storeu has no alignment requirement.
-            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), a) };
-            yt[r0..r0 + n].copy_from_slice(&v[..n]);
+        store(&mut y, p, panel, acc);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Panels<'_> {
+    /// Block `i` of panel `panel`.
+    ///
+    /// # Safety
+    /// `panel` holds packed rows and `i < self.nb` (so `pack` wrote the block).
+    #[inline]
+    unsafe fn block(&self, panel: usize, i: usize) -> &PanelBlock {
+        // SAFETY: the caller's conditions; `pack` wrote blocks panel * nb + i for i < nb of
+        // every panel it packed.
+        unsafe {
+            self.blocks
+                .get_unchecked(panel * self.nb + i)
+                .assume_init_ref()
         }
+    }
+}
+
+/// A panel block's 8 groups of 16 rows' biased values, one register each.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn groups(b: &PanelBlock) -> [__m512i; 8] {
+    // SAFETY: `q[g]` is 64 bytes, aligned to 64 with the block.
+    std::array::from_fn(|g| unsafe { _mm512_load_si512(b.q[g].as_ptr().cast()) })
+}
+
+/// Writes one panel's results (`acc[t]`: 16 rows of token `t`) to the rows of `y` it covers.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn store(y: &mut [&mut [f32]; 8], p: &Panels<'_>, panel: usize, acc: [__m512; 8]) {
+    let r0 = panel * PANEL_ROWS;
+    let n = PANEL_ROWS.min(p.n_rows - r0);
+    for (yt, a) in y.iter_mut().zip(acc) {
+        let mut v = [0f32; PANEL_ROWS];
+        // SAFETY: `v` holds 16 f32; storeu has no alignment requirement.
+        unsafe { _mm512_storeu_ps(v.as_mut_ptr(), a) };
+        yt[r0..r0 + n].copy_from_slice(&v[..n]);
     }
 }

@@ -1253,11 +1253,6 @@ fn panels_match_one_token() {
                 let n = nb * QK;
                 // The whole matrix: rows a multiple of 8, past the packed ones.
                 let n_rows = (first + n_pack).next_multiple_of(8) + 8;
-                if !k.panels_for(ty, n, n_rows) {
-                    continue;
-                }
-                assert!(n_pack <= panel_rows(nb));
-                tested += 1;
                 let w: Vec<u8> = if ty == GgmlType::Q8_0 {
                     raw_q8_0(&mut r, n_rows, nb)
                 } else if ty == GgmlType::IQ4_XS {
@@ -1274,6 +1269,11 @@ fn panels_match_one_token() {
                         .flat_map(|_| any_weight_row(&mut r, ty, n))
                         .collect()
                 };
+                if !k.panels_for(ty, n, &w) {
+                    continue;
+                }
+                assert!(n_pack <= panel_rows(nb));
+                tested += 1;
                 let xs: Vec<Vec<u8>> = (0..8)
                     .map(|_| {
                         if ty == GgmlType::IQ4_XS {

@@ -3,7 +3,7 @@
 //! runs rows in chunks that stay in L2 while 8 or 4 tokens at a time use them.
 
 use edge_gguf::GgmlType;
-use edge_kernels::cpu::{panel_rows, Panels, MATVEC_TOKENS, MATVEC_TOKENS8};
+use edge_kernels::cpu::{panel_parts, Panels, MATVEC_TOKENS, MATVEC_TOKENS8};
 use edge_kernels::steal;
 
 use super::exec::OpCtx;
@@ -120,8 +120,7 @@ impl OpCtx<'_> {
     ) {
         let k = &self.exec.kernels;
         let mut t = 0;
-        let n_rows = bytes.len() / (wt.row_bytes(n as u64).unwrap_or(1).max(1) as usize);
-        if n_tok >= MATVEC_TOKENS8 && k.panels_for(wt, n, n_rows) {
+        if n_tok >= MATVEC_TOKENS8 && k.panels_for(wt, n, bytes) {
             t = self.panel_groups(wt, n, bytes, xq, xrb, n_tok, &rows, out);
         }
         t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
@@ -160,10 +159,8 @@ impl OpCtx<'_> {
     ) -> usize {
         let k = &self.exec.kernels;
         let mut panels = Panels::new(self.scratch());
-        let step = panel_rows(n / 32).max(1);
         let mut t = 0;
-        for start in rows.clone().step_by(step) {
-            let part = start..(start + step).min(rows.end);
+        for part in panel_parts(n, rows.clone()) {
             k.pack_panels(wt, n, bytes, part.clone(), &mut panels);
             t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &part, |xs, ys| {
                 k.matmul_panels8(&panels, xs, ys);

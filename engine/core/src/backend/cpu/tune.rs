@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use edge_gguf::GgmlType;
 use edge_kernels::cpu::{
-    panel_rows, Panels, Phase, MATVEC_TOKENS, MATVEC_TOKENS8, PANELS_SCRATCH_BYTES,
+    panel_parts, Panels, Phase, MATVEC_TOKENS, MATVEC_TOKENS8, PANELS_SCRATCH_BYTES,
 };
 use edge_kernels::Kernels;
 
@@ -236,15 +236,12 @@ fn prefill_pass(
         let mut parts = y.chunks_exact_mut(rows);
         std::array::from_fn(|_| parts.next().expect("y holds 8 rows of outputs"))
     }
-    let n_rows = w.len() / ty.row_bytes(n as u64).unwrap_or(1).max(1) as usize;
-    if k.panels_for(ty, n, n_rows) {
+    if k.panels_for(ty, n, w) {
         // The packing is timed too, once for the groups (as the executor packs a chunk once
         // for all its tokens).
         let mut buf = vec![0f32; PANELS_SCRATCH_BYTES / 4];
         let mut panels = Panels::new(&mut buf);
-        let step = panel_rows(n / 32).max(1);
-        for start in (0..rows).step_by(step) {
-            let part = start..(start + step).min(rows);
+        for part in panel_parts(n, 0..rows) {
             k.pack_panels(ty, n, w, part.clone(), &mut panels);
             for _ in 0..PREFILL_GROUPS {
                 let mut out = y.chunks_exact_mut(rows).map(|yt| &mut yt[part.clone()]);

@@ -102,6 +102,8 @@ pub struct ConstraintLayout {
     pub mask_words: usize,
     /// The masked logits (f32).
     pub masked: usize,
+    /// Logits the buffer takes (the mask's bits and the masked logits both hold this many).
+    pub n_vocab: usize,
     /// The whole buffer.
     pub bytes: usize,
 }
@@ -117,6 +119,7 @@ impl ConstraintLayout {
             mask,
             mask_words,
             masked,
+            n_vocab,
             bytes: masked + n_vocab * 4,
         }
     }

@@ -71,18 +71,7 @@ impl CudaExecutor {
             &self.k.sample_top_k,
             (1, 1),
             1024,
-            &[
-                Arg::U64(src),
-                Arg::I32(ds.n as i32),
-                Arg::I32(ds.top_k as i32),
-                Arg::F32(ds.temperature),
-                Arg::I32(i32::from(ds.top_p.is_some())),
-                Arg::F32(ds.top_p.unwrap_or(1.0)),
-                Arg::I32(i32::from(ds.ln_min_p.is_some())),
-                Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
-                Arg::F64(uniform),
-                Arg::U64(self.sample_out.ptr),
-            ],
+            &sample_top_k_args(src, ds, uniform, self.sample_out.ptr),
         )?;
         let mut v = [0i32; 2];
         // SAFETY: sample_out holds 2 i32s; the stream is synchronized before `v` is read.
@@ -104,7 +93,7 @@ impl CudaExecutor {
     ) -> Result<Option<u32>, String> {
         let (src, len) = self.logits_src;
         let lay = self.constraint_layout;
-        if len == 0 || len > lay.mask_words * 32 || (lay.bytes - lay.masked) / 4 < len {
+        if len == 0 || len > lay.n_vocab {
             return Ok(None);
         }
         let Some(ds) = sampler.device_sampling(len, SAMPLE_MAX_TOP_K.min(len)) else {
@@ -172,4 +161,27 @@ impl CudaExecutor {
             .sample_with_draw(|u| self.sample_top_k_at(masked, &ds, u))
             .map(Some)
     }
+}
+
+/// The arguments of `sample_top_k` (kernels.cu): `ds.n` logits at `src` sampled with the
+/// settings `ds` and the uniform draw `uniform`; the token id and whether the draw was used go
+/// to `out` (2 i32s).
+pub(super) fn sample_top_k_args(
+    src: u64,
+    ds: &crate::sampling::DeviceSampling,
+    uniform: f64,
+    out: u64,
+) -> [Arg; 10] {
+    [
+        Arg::U64(src),
+        Arg::I32(ds.n as i32),
+        Arg::I32(ds.top_k as i32),
+        Arg::F32(ds.temperature),
+        Arg::I32(i32::from(ds.top_p.is_some())),
+        Arg::F32(ds.top_p.unwrap_or(1.0)),
+        Arg::I32(i32::from(ds.ln_min_p.is_some())),
+        Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
+        Arg::F64(uniform),
+        Arg::U64(out),
+    ]
 }

@@ -11,6 +11,7 @@
 //! (the GPU's sinf/cosf/expf are within 2 ulp of the CPU's libm).
 
 use super::*;
+use crate::backend::cuda::sample::sample_top_k_args;
 use crate::graph::RopeOrdering;
 use edge_kernels::cpu;
 use half::f16;
@@ -1195,18 +1196,7 @@ fn device_sampler_matches_cpu_sampler() {
                                     &g.k.sample_top_k,
                                     (1, 1),
                                     1024,
-                                    &[
-                                        p(&dl),
-                                        Arg::I32(n as i32),
-                                        Arg::I32(ds.top_k as i32),
-                                        Arg::F32(ds.temperature),
-                                        Arg::I32(i32::from(ds.top_p.is_some())),
-                                        Arg::F32(ds.top_p.unwrap_or(1.0)),
-                                        Arg::I32(i32::from(ds.ln_min_p.is_some())),
-                                        Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
-                                        Arg::F64(u),
-                                        p(&out),
-                                    ],
+                                    &sample_top_k_args(dl.ptr, &ds, u, out.ptr),
                                 );
                                 let v: Vec<i32> = g.get(&out, 2);
                                 Ok::<_, ()>((v[0] as u32, v[1] != 0))
@@ -1313,18 +1303,7 @@ fn masked_logits_match_the_host_mask() {
                             &g.k.sample_top_k,
                             (1, 1),
                             1024,
-                            &[
-                                p(&out),
-                                Arg::I32(n as i32),
-                                Arg::I32(ds.top_k as i32),
-                                Arg::F32(ds.temperature),
-                                Arg::I32(i32::from(ds.top_p.is_some())),
-                                Arg::F32(ds.top_p.unwrap_or(1.0)),
-                                Arg::I32(i32::from(ds.ln_min_p.is_some())),
-                                Arg::F32(ds.ln_min_p.unwrap_or(0.0)),
-                                Arg::F64(u),
-                                p(&sample_out),
-                            ],
+                            &sample_top_k_args(out.ptr, &ds, u, sample_out.ptr),
                         );
                         let v: Vec<i32> = g.get(&sample_out, 2);
                         Ok::<_, ()>((v[0] as u32, v[1] != 0))
