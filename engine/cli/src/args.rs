@@ -317,6 +317,11 @@ pub struct BenchArgs {
     #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_name = "N",
           allow_negative_numbers = true, value_parser = positive)]
     pub n_gen: usize,
+    /// Tokens already in the KV cache before each test (prefilled untimed), as llama-bench's
+    /// `-d`: the tests become "ppN @ dD" and "tgN @ dD", the speed at that depth of context.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0, value_name = "N",
+          allow_negative_numbers = true, value_parser = non_negative)]
+    pub n_depth: usize,
     /// Timed repetitions of each test (after one untimed warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_name = "N",
           allow_negative_numbers = true, value_parser = repetitions)]
@@ -486,6 +491,14 @@ fn positive(s: &str) -> Result<usize, String> {
         Ok(n) if n > u32::MAX as usize => Err(format!("must be at most {}", u32::MAX)),
         Ok(n) => Ok(n),
         Err(_) => Err("expected a whole number >= 1".into()),
+    }
+}
+
+fn non_negative(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n > u32::MAX as usize => Err(format!("must be at most {}", u32::MAX)),
+        Ok(n) => Ok(n),
+        Err(_) => Err("expected a whole number >= 0".into()),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `edge-run bench`: prompt processing (ppN: one prefill of N tokens) and generation (tgN: N
 //! single-token steps, greedy) in tokens/s, mean and standard deviation over repetitions, as
-//! llama-bench reports them; `--bandwidth` adds the decode speed memory allows.
+//! llama-bench reports them, optionally after D tokens of context (`-d`, "ppN @ dD");
+//! `--bandwidth` adds the decode speed memory allows.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,14 +37,14 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let model = Arc::new(load_model(&a.model)?);
     refuse_encoder(&a.model, &model)?;
     let n_ctx_train = model.params.n_ctx_train;
-    let need = a.n_prompt.max(a.n_gen + 1);
+    let need = a.n_depth + a.n_prompt.max(a.n_gen + 1);
     if need > n_ctx_train {
         return Err(CliError::usage(format!(
-            "-p {} / -n {} need {need} context positions but the model was trained for {n_ctx_train}: use smaller values",
-            a.n_prompt, a.n_gen
+            "-d {} / -p {} / -n {} need {need} context positions but the model was trained for {n_ctx_train}: use smaller values",
+            a.n_depth, a.n_prompt, a.n_gen
         )));
     }
-    let ctx = (a.n_prompt + a.n_gen + 16).min(n_ctx_train);
+    let ctx = (a.n_depth + a.n_prompt.max(a.n_gen + 1) + 16).min(n_ctx_train);
     let tok = &model.tokenizer;
     let text_ids = tok
         .encode(BENCH_TEXT, false, false)
@@ -56,12 +57,18 @@ pub fn bench(a: BenchArgs) -> CliResult {
         .into());
     }
     let first = if tok.add_bos() { tok.bos_id() } else { None };
-    let prompt: Vec<u32> = first
+    // The depth's tokens (BOS first), then the test's: the text continues where it stopped.
+    let tokens: Vec<u32> = first
         .into_iter()
         .chain(text_ids.iter().copied().cycle())
-        .take(a.n_prompt)
+        .take(a.n_depth + a.n_prompt)
         .collect();
-    let gen_start = first.unwrap_or(text_ids[0]);
+    let (depth, prompt) = tokens.split_at(a.n_depth);
+    let gen_start = if a.n_depth == 0 {
+        first.unwrap_or(text_ids[0])
+    } else {
+        prompt[0]
+    };
     let cfg = SessionConfig {
         ctx: Some(ctx),
         ubatch: None,
@@ -85,11 +92,26 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let mut pp_rates = Vec::new();
     let mut tg_rates = Vec::new();
     // repetition 0 is the untimed warm-up
-    for rep in 0..=a.repetitions {
+    // The context every test starts from: prefilled once (untimed), each repetition cut back
+    // to it, as llama-bench's `-d`.
+    // A sliding-window model may refuse the cut once its ring rows were overwritten: then the
+    // depth is processed again.
+    let at_depth = |session: &mut Session| -> Result<(), EngineError> {
+        let n = depth.len();
+        if n > 0 && session.n_past() >= n && session.truncate(n).is_ok() {
+            return Ok(());
+        }
         session.reset();
+        if n > 0 {
+            session.advance(depth)?;
+        }
+        Ok(())
+    };
+    for rep in 0..=a.repetitions {
+        at_depth(&mut session)?;
         let t = Instant::now();
         // No logits are fetched (on a GPU they stay on the device), as llama-bench's pp test.
-        session.advance(&prompt)?;
+        session.advance(prompt)?;
         let s = t.elapsed().as_secs_f64();
         if rep > 0 {
             pp_rates.push(a.n_prompt as f64 / s.max(1e-9));
@@ -103,7 +125,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         ..GenerateOptions::greedy(a.n_gen + 1)
     };
     for rep in 0..=a.repetitions {
-        session.reset();
+        at_depth(&mut session)?;
         let mut gen = session.generator(&[gen_start], &greedy)?;
         gen.next().transpose()?;
         let t = Instant::now();
@@ -153,6 +175,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
             "isa": isa,
             "p": a.n_prompt,
             "n": a.n_gen,
+            "d": a.n_depth,
             "r": a.repetitions,
             "ctx": ctx,
             "pp": pp,
@@ -172,9 +195,15 @@ pub fn bench(a: BenchArgs) -> CliResult {
         return write_lines(&[v.to_string()]);
     }
     let header = ["model", "size", "params", "isa", "threads", "test", "t/s"];
+    // llama-bench's test names: "pp512", or "pp512 @ d4096" at a depth.
+    let at = if a.n_depth > 0 {
+        format!(" @ d{}", a.n_depth)
+    } else {
+        String::new()
+    };
     let rows: Vec<[String; 7]> = [
-        (format!("pp{}", a.n_prompt), pp, pp_sd),
-        (format!("tg{}", a.n_gen), tg, tg_sd),
+        (format!("pp{}{at}", a.n_prompt), pp, pp_sd),
+        (format!("tg{}{at}", a.n_gen), tg, tg_sd),
     ]
     .into_iter()
     .map(|(test, mean, sd)| {
@@ -230,7 +259,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
     }
     if let Some((bytes, bw, limit, frac)) = bandwidth {
         lines.push(format!(
-            "decode reads {} of weights per token; streaming them with {threads} thread(s) reads {:.2} GB/s: a limit of {limit:.1} tok/s, tg{} reaches {:.0}% of it",
+            "decode reads {} of weights per token; streaming them with {threads} thread(s) reads {:.2} GB/s: a limit of {limit:.1} tok/s, tg{}{at} reaches {:.0}% of it",
             mib(bytes as u64),
             bw / 1e9,
             a.n_gen,

@@ -1135,6 +1135,32 @@ fn bench_measures_positive_speeds() {
         "{out:?}"
     );
     assert!(out.stdout.contains(" ± "), "{out:?}");
+
+    // -d: the tests run after 70 tokens of context, named as llama-bench names them; the
+    // session's context holds the depth and the longer test (70 + 4 + 16).
+    let depth = [
+        "bench",
+        s(&m),
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "-d",
+        "70",
+    ];
+    let out = run(&depth);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("pp4 @ d70") && out.stdout.contains("tg2 @ d70"),
+        "{out:?}"
+    );
+    let v = json_out(&run(&[&depth[..], &["--json"]].concat()));
+    assert_eq!((u(&v, "d"), u(&v, "ctx")), (70, 90), "{v}");
+    assert!(v["tg"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 #[test]
@@ -1158,6 +1184,8 @@ fn plan_and_bench_bad_arguments_give_one_line_errors() {
         (vec!["bench", m, "-p", "x"], vec!["--n-prompt", "'x'"]),
         (vec!["bench", m, "-t", "2000"], vec!["--threads", "1 to 1024"]),
         (vec!["bench", m, "-p", "9000"], vec!["9000", "8192"]),
+        (vec!["bench", m, "-d", "-1"], vec!["--n-depth", "'-1'"]),
+        (vec!["bench", m, "-d", "8000", "-p", "512"], vec!["-d 8000", "8512", "8192"]),
         (vec!["bench", m, "--bogus"], vec!["--bogus", "bench --help"]),
     ];
     let outs = par_map(&cases, |(args, _)| run(args));
