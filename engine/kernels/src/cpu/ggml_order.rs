@@ -675,6 +675,9 @@ mod simd {
             // Each row's lanes take the one-row kernel's operations in its order.
             while i + 4 <= out.len() {
                 let base = [0, 1, 2, 3].map(|r| (i + r) * stride + off);
+                for b in base {
+                    prefetch_f16(rows, b + ROWS_AHEAD * stride, n);
+                }
                 let mut lo = [_mm256_setzero_ps(); 4];
                 let mut hi = [_mm256_setzero_ps(); 4];
                 let mut k = 0;
@@ -778,6 +781,7 @@ mod simd {
         debug_assert!(out.len() >= (H - 1) * out_stride + len);
         for i in 0..len {
             let base = i * stride + off;
+            prefetch_f16(rows, base + ROWS_AHEAD * stride, n);
             let mut lo = [_mm256_setzero_ps(); H];
             let mut hi = [_mm256_setzero_ps(); H];
             let mut k = 0;
@@ -935,6 +939,7 @@ mod simd {
                         *ph = _mm256_set1_ps(prob(h, i));
                     }
                     let base = i * stride + off + c;
+                    prefetch_f16(rows, base + TERMS_AHEAD * slots * stride, 8 * regs);
                     #[allow(clippy::needless_range_loop)] // acc[h][k]: two indices
                     for k in 0..regs {
                         // SAFETY: base + 8k + 8 <= i * stride + off + n <= rows.len().
