@@ -9,6 +9,7 @@
 #
 #   scripts/bench-matrix.sh [ROUNDS]
 #   FILES="synth-qwen3-0.6b.Q4_K_M.gguf" ISAS="avx2 auto" ROUNDS=1 REPS=2 scripts/bench-matrix.sh
+#   DEPTH=4096 PP=64 TG=32 ISAS=auto scripts/bench-matrix.sh   # speed at 4,096 tokens of context
 #
 # Sizes: pp128/tg32 for files over 300 MB, pp512/tg128 otherwise. Each cell takes ROUNDS rounds
 # of (llama-bench, edge-run bench), each with REPS timed repetitions; the cells of one file
@@ -19,6 +20,8 @@
 #   FILES    a subset of the matrix: paths, or names in models/ (space-separated)
 #   ISAS     a subset of the sets: avx2 avx512 neon auto (default: those this CPU has, and auto)
 #   THREADS  threads for both engines (default: the CPUs, nproc)
+#   DEPTH    tokens of context before each test (both tools' -d; default 0): "pp64 @ d4096"
+#   PP, TG   prompt and generation sizes for every file instead of the size rule above
 #   EDGE_RUN an edge-run binary to use instead of building target/release/edge-run
 #   RAW      a directory to keep every tool's JSON output in (default: a temporary one)
 #   PEER_BIN llama.cpp's tools from another build than ../shared/peer's (see side-by-side.sh)
@@ -31,7 +34,9 @@ REPS=${REPS:-5}
 THREADS=${THREADS:-$(nproc)}
 MODEL_DIR="${EDGE_RUN_MODELS:-models}"
 BIG_BYTES=300000000
-for v in ROUNDS REPS THREADS; do
+DEPTH=${DEPTH:-0}
+case "$DEPTH" in '' | *[!0-9]*) echo "error: DEPTH=$DEPTH must be a whole number" >&2; exit 2 ;; esac
+for v in ROUNDS REPS THREADS ${PP:+PP} ${TG:+TG}; do
   case "${!v}" in
     '' | *[!0-9]* | 0) echo "error: $v=${!v} must be a positive integer" >&2; exit 2 ;;
   esac
@@ -90,14 +95,14 @@ fi
 # One tool run; on failure its log goes to stderr and an .err file marks the cell.
 run_llama() { # DIR ROUND MODEL P N
   LD_LIBRARY_PATH=$PEER_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-    "$LLAMA_BENCH" -m "$3" -t "$THREADS" -p "$4" -n "$5" -r "$REPS" -o json \
+    "$LLAMA_BENCH" -m "$3" -t "$THREADS" -p "$4" -n "$5" -d "$DEPTH" -r "$REPS" -o json \
     > "$1/llama-$2.json" 2> "$1/llama-$2.log" \
     || { echo "error: llama-bench failed on $3:" >&2; tail -5 "$1/llama-$2.log" >&2; cp "$1/llama-$2.log" "$1/llama.err"; }
 }
 run_edge() { # DIR ROUND MODEL P N SET
   local isa=()
   [ "$6" = auto ] || isa=(EDGE_RUN_ISA="$6")
-  env -u EDGE_RUN_ISA "${isa[@]}" "$EDGE_RUN" bench "$3" -t "$THREADS" -p "$4" -n "$5" -r "$REPS" --json \
+  env -u EDGE_RUN_ISA "${isa[@]}" "$EDGE_RUN" bench "$3" -t "$THREADS" -p "$4" -n "$5" -d "$DEPTH" -r "$REPS" --json \
     > "$1/edge-$2.json" 2> "$1/edge-$2.log" \
     || { echo "error: edge-run bench failed on $3 ($6):" >&2; tail -5 "$1/edge-$2.log" >&2; cp "$1/edge-$2.log" "$1/edge.err"; }
 }
@@ -107,6 +112,7 @@ for i in "${!MATRIX[@]}"; do
   model=${MATRIX[$i]}
   size=$(stat -c %s "$model")
   if [ "$size" -gt "$BIG_BYTES" ]; then P=128; N=32; else P=512; N=128; fi
+  P=${PP:-$P}; N=${TG:-$N}
   dir=$OUT/$i
   mkdir -p "$dir"
   printf '%s\n%s\n%s\n%s\n' "$model" "$size" "$P" "$N" > "$dir/info"
@@ -126,11 +132,12 @@ for i in "${!MATRIX[@]}"; do
 done
 echo "[$((SECONDS - t0))s] done" >&2
 
-python3 - "$OUT" "${#MATRIX[@]}" "$ROUNDS" "$REPS" "$THREADS" "${SETS[@]}" <<'PY'
+python3 - "$OUT" "${#MATRIX[@]}" "$ROUNDS" "$REPS" "$THREADS" "$DEPTH" "${SETS[@]}" <<'PY'
 import json, os, statistics, sys
 
 out, n_files, rounds, reps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-sets = sys.argv[6:]
+depth = int(sys.argv[6])
+sets = sys.argv[7:]
 
 
 def load(path):
@@ -167,7 +174,8 @@ for i in range(n_files):
     size, p, n = int(size), int(p), int(n)
     bw = load(f"{d}/bandwidth.json") or {}
     limit = bw.get("tg_limit")
-    name = f"{os.path.basename(model)} ({size / 1e6:.0f} MB, pp{p}/tg{n})"
+    at = f" @ d{depth}" if depth else ""
+    name = f"{os.path.basename(model)} ({size / 1e6:.0f} MB, pp{p}/tg{n}{at})"
     for s in sets:
         llama = {"pp": [], "tg": []}
         edge = {"pp": [], "tg": []}
@@ -175,6 +183,8 @@ for i in range(n_files):
         for r in range(1, rounds + 1):
             for t in load(f"{d}/{s}/llama-{r}.json") or []:
                 # llama-bench: one object per test; pp tests have n_gen 0, tg tests n_prompt 0
+                if t.get("n_depth", 0) != depth:
+                    continue
                 if t.get("n_prompt") == p and t.get("n_gen") == 0:
                     llama["pp"].extend(t["samples_ts"])
                 elif t.get("n_gen") == n and t.get("n_prompt") == 0:

@@ -920,43 +920,45 @@ mod simd {
             if i0 >= len {
                 continue;
             }
+            // Whole blocks of C registers per head, then 8-column chunks: each with a constant
+            // register count, so that the accumulators stay in registers (a count known only
+            // at run time kept them on the stack, each store a call to `memcpy`).
             let mut c = 0;
+            while c < full_blocks {
+                // SAFETY: the contract, and c + 8C <= n.
+                unsafe {
+                    axpy_heads_slot_block::<H, C>(
+                        a,
+                        per_head,
+                        s * n + c,
+                        rows,
+                        stride,
+                        off + c,
+                        probs,
+                        probs_stride,
+                        i0,
+                        len,
+                    )
+                };
+                c += block;
+            }
             while c < full8 {
-                // A whole block of C registers per head, or one 8-column chunk at the end.
-                let regs = if c < full_blocks { C } else { 1 };
-                let mut acc = [[_mm256_setzero_ps(); C]; H];
-                for (h, acc_h) in acc.iter_mut().enumerate() {
-                    for (k, v) in acc_h[..regs].iter_mut().enumerate() {
-                        // SAFETY: c + 8k + 8 <= n: inside head h's slot s row of `accs`.
-                        *v = unsafe { _mm256_loadu_ps(a.add(h * per_head + s * n + c + 8 * k)) };
-                    }
-                }
-                let mut i = i0;
-                while i < len {
-                    // (A loop, not `array::from_fn`: closures do not inherit target features.)
-                    let mut p = [_mm256_setzero_ps(); H];
-                    for (h, ph) in p.iter_mut().enumerate() {
-                        *ph = _mm256_set1_ps(prob(h, i));
-                    }
-                    let base = i * stride + off + c;
-                    prefetch_f16(rows, base + TERMS_AHEAD * slots * stride, 8 * regs);
-                    #[allow(clippy::needless_range_loop)] // acc[h][k]: two indices
-                    for k in 0..regs {
-                        // SAFETY: base + 8k + 8 <= i * stride + off + n <= rows.len().
-                        let v = unsafe { load8(rows, base + 8 * k) };
-                        for h in 0..H {
-                            acc[h][k] = _mm256_fmadd_ps(v, p[h], acc[h][k]);
-                        }
-                    }
-                    i += slots;
-                }
-                for (h, acc_h) in acc.iter().enumerate() {
-                    for (k, v) in acc_h[..regs].iter().enumerate() {
-                        // SAFETY: as for the loads.
-                        unsafe { _mm256_storeu_ps(a.add(h * per_head + s * n + c + 8 * k), *v) };
-                    }
-                }
-                c += 8 * regs;
+                // SAFETY: the contract, and c + 8 <= n.
+                unsafe {
+                    axpy_heads_slot_block::<H, 1>(
+                        a,
+                        per_head,
+                        s * n + c,
+                        rows,
+                        stride,
+                        off + c,
+                        probs,
+                        probs_stride,
+                        i0,
+                        len,
+                    )
+                };
+                c += 8;
             }
             for h in 0..H {
                 for d in full8..n {
@@ -968,6 +970,65 @@ mod simd {
                         i += slots;
                     }
                 }
+            }
+        }
+    }
+
+    /// One slot's terms `i0, i0 + 16, ..` (below `len`) added to `R` registers of columns of
+    /// every one of `H` heads: head h's accumulators at `a + h * per_head + at`, its
+    /// probabilities at `probs[h * probs_stride + i]`, the rows' values at
+    /// `rows[i * stride + off..][..8R]`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; those accumulators, probabilities and row values are
+    /// inside their buffers for every term.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy_heads_slot_block<const H: usize, const R: usize>(
+        a: *mut f32,
+        per_head: usize,
+        at: usize,
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        probs: &[f32],
+        probs_stride: usize,
+        i0: usize,
+        len: usize,
+    ) {
+        let slots = LANES;
+        let mut acc = [[_mm256_setzero_ps(); R]; H];
+        for (h, acc_h) in acc.iter_mut().enumerate() {
+            for (k, v) in acc_h.iter_mut().enumerate() {
+                // SAFETY: inside head h's accumulators (the contract).
+                *v = unsafe { _mm256_loadu_ps(a.add(h * per_head + at + 8 * k)) };
+            }
+        }
+        let mut i = i0;
+        while i < len {
+            // (A loop, not `array::from_fn`: closures do not inherit target features.)
+            let mut p = [_mm256_setzero_ps(); H];
+            for (h, ph) in p.iter_mut().enumerate() {
+                // SAFETY: i < len: inside `probs` (the contract).
+                *ph = _mm256_set1_ps(unsafe { *probs.get_unchecked(h * probs_stride + i) });
+            }
+            let base = i * stride + off;
+            prefetch_f16(rows, base + TERMS_AHEAD * slots * stride, 8 * R);
+            #[allow(clippy::needless_range_loop)] // acc[h][k]: two indices
+            for k in 0..R {
+                // SAFETY: base + 8k + 8 <= rows.len() (the contract).
+                let v = unsafe { load8(rows, base + 8 * k) };
+                for h in 0..H {
+                    acc[h][k] = _mm256_fmadd_ps(v, p[h], acc[h][k]);
+                }
+            }
+            i += slots;
+        }
+        for (h, acc_h) in acc.iter().enumerate() {
+            for (k, v) in acc_h.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm256_storeu_ps(a.add(h * per_head + at + 8 * k), *v) };
             }
         }
     }

@@ -344,10 +344,13 @@ fn groups(b: &PanelBlock) -> [__m512i; 8] {
 fn store(y: &mut [&mut [f32]; 8], p: &Panels<'_>, panel: usize, acc: [__m512; 8]) {
     let r0 = panel * PANEL_ROWS;
     let n = PANEL_ROWS.min(p.n_rows - r0);
+    // A masked store of the panel's rows (a copy of a run-time length is a call to `memcpy`
+    // per token and panel).
+    let mask = (((1u32 << n) - 1) & 0xFFFF) as __mmask16;
     for (yt, a) in y.iter_mut().zip(acc) {
-        let mut v = [0f32; PANEL_ROWS];
-        // SAFETY: `v` holds 16 f32; storeu has no alignment requirement.
-        unsafe { _mm512_storeu_ps(v.as_mut_ptr(), a) };
-        yt[r0..r0 + n].copy_from_slice(&v[..n]);
+        let out = &mut yt[r0..r0 + n];
+        // SAFETY: lanes 0..n are stored (the mask), all inside `out`; masked-off lanes touch
+        // no memory, and storeu has no alignment requirement.
+        unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, a) };
     }
 }

@@ -308,6 +308,17 @@ impl OpCtx<'_> {
         let row_len = self.kv.row_bytes / 2;
         debug_assert!(row_len >= self.kv.kv_dim);
         let scratch = self.scratch();
+        // Tokens of one sequence without a window share their key and value rows: a job takes
+        // several, see `attention_tokens_together`.
+        let tile =
+            if batch && window.is_none() && self.args.seqs.is_none() && self.exec.attention_tiles {
+                super::exec::tokens_together(g)
+            } else {
+                1
+            };
+        if tile > 1 {
+            return self.attention_tokens_together(a, g, tile, scratch);
+        }
         let (scores, rest) = scratch.split_at_mut(g * ctx);
         let (qs, rest) = rest.split_at_mut(g * head_dim);
         let accs = &mut rest[..g * head_dim * width];
@@ -398,6 +409,135 @@ impl OpCtx<'_> {
         }
     }
 }
+
+impl OpCtx<'_> {
+    /// [`OpCtx::attention`] of a batch of one sequence without a sliding window, each job
+    /// taking `tile` consecutive tokens with `g` query heads of one KV head: `tile * g` (token,
+    /// head) pairs. The keys, then the values, are read in chunks of [`ROWS_PER_CHUNK`] rows,
+    /// each chunk used by every pair while it sits in the core's caches, instead of one pass
+    /// over the whole cache per token. Each score and each output keeps the operations and
+    /// order of one token at a time (the scores of rows a pair does not see are computed and
+    /// ignored; its `V·p` takes exactly its own rows), so the bits are the same.
+    #[inline(always)]
+    fn attention_tokens_together(&self, a: Attention, g: usize, tile: usize, scratch: &mut [f32]) {
+        use edge_kernels::cpu::ggml_order::{self as order, LANES};
+        let Attention {
+            q,
+            layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            scale,
+            softcap,
+            out,
+            ..
+        } = a;
+        let group = n_head / n_head_kv;
+        let n_tok = self.n_tokens();
+        let ctx = self.kv.ctx;
+        let width = LANES;
+        let (k_base, v_base, rows) = self.kv.layer_span(layer);
+        let row_len = self.kv.row_bytes / 2;
+        let pairs_max = g * tile;
+        let (scores, rest) = scratch.split_at_mut(pairs_max * ctx);
+        let (qs, rest) = rest.split_at_mut(pairs_max * head_dim);
+        let accs = &mut rest[..pairs_max * head_dim * width];
+        let per_pair = head_dim * width;
+        let head_groups = n_head / g;
+        for job in self.share_causal(n_tok.div_ceil(tile) * head_groups) {
+            // Job (tile i, h0): tokens t0..t1, heads h0..h0 + g; pair p is token t0 + p / g,
+            // head h0 + p % g.
+            let (t0, h0) = (job / head_groups * tile, job % head_groups * g);
+            let t1 = (t0 + tile).min(n_tok);
+            let pairs = (t1 - t0) * g;
+            let kvh = h0 / group;
+            let kv = self.kv_of(t0);
+            // Positions 0..seen(t): one run of rows (no window, so no ring).
+            let seen = |t: usize| self.pos(t) + 1;
+            let (n_first, n_last) = (seen(t0), seen(t1 - 1));
+            debug_assert!(n_last <= rows);
+            // SAFETY: the cache is only read during attention (see `attention`).
+            let (keys, values) = unsafe {
+                (
+                    kv.mem.slice::<f16>(k_base, rows * row_len),
+                    kv.mem.slice::<f16>(v_base, rows * row_len),
+                )
+            };
+            for (k, t) in (t0..t1).enumerate() {
+                qs[k * g * head_dim..(k + 1) * g * head_dim]
+                    .copy_from_slice(&self.input(q, t..t + 1)[h0 * head_dim..(h0 + g) * head_dim]);
+            }
+            let qs = &mut qs[..pairs * head_dim];
+            order::scale_round_f16(qs, 1.0);
+            let off = kvh * head_dim;
+            let mut c0 = 0;
+            while c0 < n_last {
+                let c1 = (c0 + ROWS_PER_CHUNK).min(n_last);
+                order::dot_f16_rows_heads(
+                    &keys[c0 * row_len..],
+                    row_len,
+                    off,
+                    qs,
+                    head_dim,
+                    &mut scores[c0..],
+                    ctx,
+                    c1 - c0,
+                );
+                c0 = c1;
+            }
+            for p in 0..pairs {
+                let n_seen = seen(t0 + p / g);
+                softmax_rounded_f16(&mut scores[p * ctx..p * ctx + n_seen], scale, softcap);
+            }
+            // V·p: the rows every pair sees in chunks for all pairs, then each later token's
+            // last few rows for its own pairs (terms stay in order in every slot).
+            let accs = &mut accs[..pairs * per_pair];
+            accs.fill(0.0);
+            let mut c0 = 0;
+            while c0 < n_first {
+                let c1 = (c0 + ROWS_PER_CHUNK).min(n_first);
+                order::axpy_f16_rows_heads(
+                    accs,
+                    head_dim,
+                    width,
+                    c0,
+                    &values[c0 * row_len..],
+                    row_len,
+                    off,
+                    &scores[c0..],
+                    ctx,
+                    c1 - c0,
+                );
+                c0 = c1;
+            }
+            for p in 0..pairs {
+                let n_seen = seen(t0 + p / g);
+                if n_seen > n_first {
+                    order::axpy_f16_rows(
+                        &mut accs[p * per_pair..(p + 1) * per_pair],
+                        width,
+                        n_first,
+                        &values[n_first * row_len..],
+                        row_len,
+                        off,
+                        &scores[p * ctx + n_first..p * ctx + n_seen],
+                    );
+                }
+            }
+            for p in 0..pairs {
+                let (t, h) = (t0 + p / g, h0 + p % g);
+                order::accumulated_sums(
+                    &accs[p * per_pair..(p + 1) * per_pair],
+                    self.output(out, t, h * head_dim..(h + 1) * head_dim),
+                );
+            }
+        }
+    }
+}
+
+/// Rows of the cache a job of [`OpCtx::attention_tokens_together`] reads at a time (64 KiB of
+/// keys for a head of 128).
+const ROWS_PER_CHUNK: usize = 256;
 
 /// llama.cpp's softmax of one row of scores, in place: `soft_cap(s) * scale`, the maximum,
 /// `exp(s - max)` summed 16 at a time in f64 (`ggml_vec_soft_max_f32`), then the probabilities

@@ -85,14 +85,28 @@ pub(super) fn heads_together_up_to(group: usize, cap: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// Most (token, query head) pairs a job of batched attention takes together: the heads taken
+/// together ([`heads_together`]) of up to [`tokens_together`] tokens.
+pub const MAX_PAIRS_TOGETHER: usize = 8;
+
+/// Consecutive tokens of one sequence that a job of batched attention takes together, with
+/// `heads_together` heads each: their keys and values are read from memory once per job
+/// instead of once per token (at thousands of positions a layer's cache outgrows the core's
+/// L2). At least 1.
+pub fn tokens_together(heads_together: usize) -> usize {
+    (MAX_PAIRS_TOGETHER / heads_together.max(1)).max(1)
+}
+
 /// Bytes of scratch one thread needs for attention over `ctx` positions with heads of
 /// `head_dim`, taking `heads_together` query heads at a time in a batch: for one token, one row
 /// of scores, the query and the ordered accumulators of the output (64 lanes per output
 /// element; see [`edge_kernels::cpu::ggml_order`]); for a batch, the same with 16 lanes for
-/// each of the heads taken together.
+/// each (token, head) pair taken together ([`tokens_together`] tokens of the heads taken
+/// together).
 pub fn scratch_bytes_per_thread(ctx: usize, head_dim: usize, heads_together: usize) -> usize {
     let one_token = ctx + head_dim + head_dim * 4 * LANES;
-    let batch = heads_together.max(1) * (ctx + head_dim + head_dim * LANES);
+    let pairs = heads_together.max(1) * tokens_together(heads_together);
+    let batch = pairs * (ctx + head_dim + head_dim * LANES);
     one_token.max(batch) * 4
 }
 
@@ -118,6 +132,9 @@ pub struct Executor {
     /// Attention runs tiled with an online softmax (always for a q8_0 cache; for f16 when
     /// flash attention was asked for).
     pub(super) online_attention: bool,
+    /// Batched attention takes several tokens per job ([`tokens_together`]); off with
+    /// `EDGE_RUN_ATTENTION_TILES=0` (same bits either way; for comparisons).
+    pub(super) attention_tiles: bool,
     /// Most query heads of one KV head a job of batched attention takes together (its scratch
     /// holds that many heads' scores and accumulators).
     pub(super) heads_together: usize,
@@ -199,6 +216,10 @@ impl Executor {
         .next_multiple_of(crate::memory::ALIGN);
         Ok(Executor {
             online_attention,
+            attention_tiles: !matches!(
+                std::env::var("EDGE_RUN_ATTENTION_TILES").as_deref(),
+                Ok("0")
+            ),
             heads_together: heads_together.max(1),
             pool: ThreadPool::new(n_threads)?,
             barrier: SpinBarrier::new(n_threads.max(1)),
