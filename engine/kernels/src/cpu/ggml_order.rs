@@ -482,6 +482,75 @@ mod simd {
             && is_x86_feature_detected!("f16c")
     }
 
+    /// Whether the attention passes may take 8 heads at a time: AVX-512 (VL gives 32 vector
+    /// registers to the same 256-bit operations, so 8 heads' accumulators fit) on a CPU that
+    /// runs the AVX-512 kernels, unless `EDGE_RUN_ISA` forces a narrower set. Same bits
+    /// either way.
+    pub(super) fn wide() -> bool {
+        static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *WIDE.get_or_init(|| {
+            crate::cpu::x86::avx512_detected()
+                && !matches!(
+                    std::env::var("EDGE_RUN_ISA").as_deref(),
+                    Ok("avx2" | "scalar")
+                )
+        })
+    }
+
+    /// [`dot_rows_heads`] of `H` (6 or 8) heads, compiled with AVX-512 VL for its 32 registers.
+    ///
+    /// # Safety
+    /// As [`dot_rows_heads`], and the CPU has AVX-512 F and VL.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    unsafe fn dot_rows_heads_wide<const H: usize>(
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        q: &[f32],
+        n: usize,
+        out: &mut [f32],
+        out_stride: usize,
+        len: usize,
+    ) {
+        // SAFETY: the contract.
+        unsafe { dot_rows_heads::<H>(rows, stride, off, q, n, out, out_stride, len) }
+    }
+
+    /// [`axpy_heads_by_slot`] of `H` (6 or 8) heads, compiled with AVX-512 VL for its 32
+    /// registers.
+    ///
+    /// # Safety
+    /// As [`axpy_heads_by_slot`], and the CPU has AVX-512 F and VL.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    unsafe fn axpy_heads_by_slot_wide<const H: usize>(
+        accs: &mut [f32],
+        n: usize,
+        first_term: usize,
+        rows: &[f16],
+        stride: usize,
+        off: usize,
+        probs: &[f32],
+        probs_stride: usize,
+        len: usize,
+    ) {
+        // SAFETY: the contract.
+        unsafe {
+            axpy_heads_by_slot::<H, 2>(
+                accs,
+                n,
+                first_term,
+                rows,
+                stride,
+                off,
+                probs,
+                probs_stride,
+                len,
+            )
+        }
+    }
+
     /// 8 f16 at `a[i..i + 8]` as f32.
     ///
     /// # Safety
@@ -733,19 +802,28 @@ mod simd {
     ) {
         let heads = q.len() / n;
         let mut h0 = 0;
+        let wide = wide();
         while h0 < heads {
-            // Passes of 4, 3 or 2 heads (a last single head takes the 4-row one-head kernel).
+            // Passes of 8 heads (32 registers), or of 4, 3 or 2 heads (a last single head takes
+            // the 4-row one-head kernel).
             let left = heads - h0;
             let take = match left {
+                8.. if wide => 8,
+                6 if wide => 6,
                 1 => 1,
                 5 | 6 => 3,
                 _ => left.min(4),
             };
             let qh = &q[h0 * n..(h0 + take) * n];
             let o = &mut out[h0 * out_stride..];
-            // SAFETY: this function's features and lengths are the pass kernels'.
+            // SAFETY: this function's features and lengths are the pass kernels'; `wide` means
+            // the CPU has the wide kernel's.
             unsafe {
                 match take {
+                    8 => dot_rows_heads_wide::<8>(rows, stride, off, qh, n, o, out_stride, len),
+                    6 if wide => {
+                        dot_rows_heads_wide::<6>(rows, stride, off, qh, n, o, out_stride, len)
+                    }
                     1 => dot_f16_rows(rows, stride, off, qh, &mut o[..len], true),
                     2 => dot_rows_heads::<2>(rows, stride, off, qh, n, o, out_stride, len),
                     3 => dot_rows_heads::<3>(rows, stride, off, qh, n, o, out_stride, len),
@@ -825,18 +903,44 @@ mod simd {
         let per_head = LANES * n;
         let heads = accs.len() / per_head;
         let mut h0 = 0;
+        let wide = wide();
         while h0 < heads {
             let left = heads - h0;
             let take = match left {
+                8.. if wide => 8,
+                6 if wide => 6,
                 1 => 1,
                 5 | 6 => 3,
                 _ => left.min(4),
             };
             let a = &mut accs[h0 * per_head..(h0 + take) * per_head];
             let p = &probs[h0 * probs_stride..];
-            // SAFETY: this function's features and lengths are the pass kernels'.
+            // SAFETY: this function's features and lengths are the pass kernels'; `wide` means
+            // the CPU has the wide kernel's.
             unsafe {
                 match take {
+                    8 => axpy_heads_by_slot_wide::<8>(
+                        a,
+                        n,
+                        first_term,
+                        rows,
+                        stride,
+                        off,
+                        p,
+                        probs_stride,
+                        len,
+                    ),
+                    6 if wide => axpy_heads_by_slot_wide::<6>(
+                        a,
+                        n,
+                        first_term,
+                        rows,
+                        stride,
+                        off,
+                        p,
+                        probs_stride,
+                        len,
+                    ),
                     1 => axpy_f16_rows_by_slot(a, LANES, first_term, rows, stride, off, &p[..len]),
                     2 => axpy_heads_by_slot::<2, 4>(
                         a,
@@ -1408,7 +1512,7 @@ mod tests {
     use super::*;
 
     /// The several-heads run kernels equal the portable order of each head on its own: every
-    /// head count a pass split can produce (1 to 8), head sizes with and without whole 16-lane
+    /// head count a pass split can produce (1 to 14: passes of 8 and 6 where AVX-512 runs), head sizes with and without whole 16-lane
     /// steps and 8-column chunks, runs shorter and longer than the slot count, several first
     /// terms, score and probability rows with gaps between heads.
     #[test]
@@ -1432,7 +1536,7 @@ mod tests {
             let rows: Vec<f16> = (0..stride * n_rows)
                 .map(|_| f16::from_f32(next()))
                 .collect();
-            for heads in 1..=8usize {
+            for heads in 1..=14usize {
                 let q: Vec<f32> = (0..heads * n).map(|_| next()).collect();
                 let out_stride = n_rows + 3;
                 let mut out = vec![-7.0f32; heads * out_stride];
