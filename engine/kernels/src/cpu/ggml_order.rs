@@ -564,8 +564,6 @@ mod simd {
 
     /// Rows ahead of the one read that the one-token score kernel asks for.
     const ROWS_AHEAD: usize = 16;
-    /// Terms of a slot ahead of the one added that the slot-major `V·p` kernel asks for.
-    const TERMS_AHEAD: usize = 2;
 
     /// Asks for the cache lines of `a[i..i + n]` ahead of their use. Attention reads cache
     /// rows a whole KV row apart (kilobytes), two or fewer per 4 KiB page, where the hardware
@@ -1118,7 +1116,9 @@ mod simd {
                 *ph = _mm256_set1_ps(unsafe { *probs.get_unchecked(h * probs_stride + i) });
             }
             let base = i * stride + off;
-            prefetch_f16(rows, base + TERMS_AHEAD * slots * stride, 8 * R);
+            // The next row's same columns: the next slot's pass reads them (the rows of a
+            // slot are 16 apart, so its own next terms were the previous slot's next rows).
+            prefetch_f16(rows, base + stride, 8 * R);
             #[allow(clippy::needless_range_loop)] // acc[h][k]: two indices
             for k in 0..R {
                 // SAFETY: base + 8k + 8 <= rows.len() (the contract).
@@ -1202,7 +1202,8 @@ mod simd {
                     // SAFETY: i < len = probs.len().
                     let p = _mm256_set1_ps(unsafe { *probs.get_unchecked(i) });
                     let base = i * stride + off + c;
-                    prefetch_f16(rows, base + TERMS_AHEAD * slots * stride, BLOCK);
+                    // The next row's same columns, which the next slot's pass reads.
+                    prefetch_f16(rows, base + stride, BLOCK);
                     for (k, a) in acc.iter_mut().enumerate() {
                         // SAFETY: base + 8k + 8 <= i * stride + off + n <= rows.len() (caller).
                         *a = _mm256_fmadd_ps(unsafe { load8(rows, base + 8 * k) }, p, *a);
