@@ -802,26 +802,16 @@ mod simd {
         let mut h0 = 0;
         let wide = wide();
         while h0 < heads {
-            // Passes of 8 heads (32 registers), or of 4, 3 or 2 heads (a last single head takes
-            // the 4-row one-head kernel).
-            let left = heads - h0;
-            let take = match left {
-                8.. if wide => 8,
-                6 if wide => 6,
-                1 => 1,
-                5 | 6 => 3,
-                _ => left.min(4),
-            };
+            // (A last single head takes the 4-row one-head kernel.)
+            let take = heads_per_pass(heads - h0, wide);
             let qh = &q[h0 * n..(h0 + take) * n];
             let o = &mut out[h0 * out_stride..];
-            // SAFETY: this function's features and lengths are the pass kernels'; `wide` means
-            // the CPU has the wide kernel's.
+            // SAFETY: this function's features and lengths are the pass kernels'; passes of 6
+            // and 8 are taken only where the CPU has the wide kernels' features.
             unsafe {
                 match take {
                     8 => dot_rows_heads_wide::<8>(rows, stride, off, qh, n, o, out_stride, len),
-                    6 if wide => {
-                        dot_rows_heads_wide::<6>(rows, stride, off, qh, n, o, out_stride, len)
-                    }
+                    6 => dot_rows_heads_wide::<6>(rows, stride, off, qh, n, o, out_stride, len),
                     1 => dot_f16_rows(rows, stride, off, qh, &mut o[..len], true),
                     2 => dot_rows_heads::<2>(rows, stride, off, qh, n, o, out_stride, len),
                     3 => dot_rows_heads::<3>(rows, stride, off, qh, n, o, out_stride, len),
@@ -903,79 +893,47 @@ mod simd {
         let mut h0 = 0;
         let wide = wide();
         while h0 < heads {
-            let left = heads - h0;
-            let take = match left {
-                8.. if wide => 8,
-                6 if wide => 6,
-                1 => 1,
-                5 | 6 => 3,
-                _ => left.min(4),
-            };
+            let take = heads_per_pass(heads - h0, wide);
             let a = &mut accs[h0 * per_head..(h0 + take) * per_head];
             let p = &probs[h0 * probs_stride..];
-            // SAFETY: this function's features and lengths are the pass kernels'; `wide` means
-            // the CPU has the wide kernel's.
-            unsafe {
-                match take {
-                    8 => axpy_heads_by_slot_wide::<8>(
-                        a,
-                        n,
-                        first_term,
-                        rows,
-                        stride,
-                        off,
-                        p,
-                        probs_stride,
-                        len,
-                    ),
-                    6 if wide => axpy_heads_by_slot_wide::<6>(
-                        a,
-                        n,
-                        first_term,
-                        rows,
-                        stride,
-                        off,
-                        p,
-                        probs_stride,
-                        len,
-                    ),
-                    1 => axpy_f16_rows_by_slot(a, LANES, first_term, rows, stride, off, &p[..len]),
-                    2 => axpy_heads_by_slot::<2, 4>(
-                        a,
-                        n,
-                        first_term,
-                        rows,
-                        stride,
-                        off,
-                        p,
-                        probs_stride,
-                        len,
-                    ),
-                    3 => axpy_heads_by_slot::<3, 4>(
-                        a,
-                        n,
-                        first_term,
-                        rows,
-                        stride,
-                        off,
-                        p,
-                        probs_stride,
-                        len,
-                    ),
-                    _ => axpy_heads_by_slot::<4, 2>(
-                        a,
-                        n,
-                        first_term,
-                        rows,
-                        stride,
-                        off,
-                        p,
-                        probs_stride,
-                        len,
-                    ),
+            // The pass kernel of `take` heads (one head: the one-head kernel).
+            let pass: HeadsPass = match take {
+                1 => {
+                    // SAFETY: this function's features and lengths are that kernel's.
+                    unsafe {
+                        axpy_f16_rows_by_slot(a, LANES, first_term, rows, stride, off, &p[..len])
+                    };
+                    h0 += 1;
+                    continue;
                 }
-            }
+                2 => axpy_heads_by_slot::<2, 4>,
+                3 => axpy_heads_by_slot::<3, 4>,
+                6 => axpy_heads_by_slot_wide::<6>,
+                8 => axpy_heads_by_slot_wide::<8>,
+                _ => axpy_heads_by_slot::<4, 2>,
+            };
+            // SAFETY: this function's features and lengths are the pass kernels'; passes of 6
+            // and 8 are taken only where the CPU has the wide kernels' features.
+            unsafe { pass(a, n, first_term, rows, stride, off, p, probs_stride, len) };
             h0 += take;
+        }
+    }
+
+    /// A pass kernel of [`axpy_f16_rows_heads`]: `(accs, n, first_term, rows, stride, off,
+    /// probs, probs_stride, len)`.
+    type HeadsPass =
+        unsafe fn(&mut [f32], usize, usize, &[f16], usize, usize, &[f32], usize, usize);
+
+    /// Heads the next pass of the multi-head attention kernels takes, `left` heads to go: 8 (or
+    /// a last 6) where the `wide` kernels run, else 4, 3 (of 5 or 6) or 2; a last single head
+    /// alone.
+    fn heads_per_pass(left: usize, wide: bool) -> usize {
+        match left {
+            8.. if wide => 8,
+            6 if wide => 6,
+            1 => 1,
+            5 | 6 => 3,
+            _ => left.min(4),
         }
     }
 
