@@ -271,7 +271,8 @@ impl OpCtx<'_> {
     /// path: scores `K·f16(q)`, `softmax(scores * scale)` in f32 with its exp and sums,
     /// probabilities rounded to f16, then `V·p`; the dot products are added in the order ggml
     /// uses for one token (`ggml_vec_dot_f16`) or for a batch (tinyBLAS), see
-    /// [`cpu::ggml_order`]. One row of scores per thread; no score matrix. A q8_0 cache goes to
+    /// [`cpu::ggml_order`]. One row of scores per (token, head) pair a job takes; no score
+    /// matrix. A q8_0 cache goes to
     /// [`OpCtx::attention_online`].
     #[inline(always)]
     pub(super) fn attention(&self, a: Attention) {
@@ -296,167 +297,59 @@ impl OpCtx<'_> {
         let width = if batch { LANES } else { STEP_LANES };
         // A batch job takes `g` query heads of one KV head: their scores use the same key and
         // value rows, widened from f16 once for all of them (each head's sums keep their order,
-        // so the bits are those of one head at a time). The scratch holds `g` heads.
+        // so the bits are those of one head at a time).
         let g = if batch {
             super::exec::heads_together_up_to(group, self.exec.heads_together)
         } else {
             1
         };
-        let ctx = self.kv.ctx;
-        let (k_base, v_base, rows) = self.kv.layer_span(layer);
-        // Rows are f16 of `row_bytes` bytes.
-        let row_len = self.kv.row_bytes / 2;
-        debug_assert!(row_len >= self.kv.kv_dim);
-        let scratch = self.scratch();
         // Tokens of one sequence without a window share their key and value rows: a job takes
-        // several, see `attention_tokens_together`.
+        // `tile` consecutive tokens, `g * tile` (token, head) pairs, and reads the cache in
+        // chunks of ROWS_PER_CHUNK rows, each used by every pair while it sits in the core's
+        // caches, instead of one pass over the whole cache per token. Each score and output
+        // keeps the operations and order of one token at a time (the scores of rows a pair does
+        // not see are computed and ignored; its `V·p` takes exactly its own rows).
         let tile =
             if batch && window.is_none() && self.args.seqs.is_none() && self.exec.attention_tiles {
                 super::exec::tokens_together(g)
             } else {
                 1
             };
-        if tile > 1 {
-            return self.attention_tokens_together(a, g, tile, scratch);
-        }
-        let (scores, rest) = scratch.split_at_mut(g * ctx);
-        let (qs, rest) = rest.split_at_mut(g * head_dim);
-        let accs = &mut rest[..g * head_dim * width];
-        let jobs = if g == 1 {
-            self.attention_jobs(n_head, group)
-        } else {
-            AttentionJobs::Strided(self.share_causal(n_tok * (n_head / g)))
-        };
-        for job in jobs {
-            // Job (t, h0): token t's heads h0..h0 + g.
-            let (t, h0) = (job / (n_head / g), job % (n_head / g) * g);
-            let kvh = h0 / group;
-            let (kv, n_pos) = (self.kv_of(t), self.pos(t) + 1);
-            // The layer's keys and values in token t's cache (the same layout in every cache
-            // of a run).
-            // SAFETY: the cache is only read during attention: StoreKv wrote it before the
-            // barrier that precedes this op, and nothing writes it until the next StoreKv.
-            let (keys, values) = unsafe {
-                (
-                    kv.mem.slice::<f16>(k_base, rows * row_len),
-                    kv.mem.slice::<f16>(v_base, rows * row_len),
-                )
-            };
-            // ggml converts the query to f16 before its f16 K·Q product (`x * 1` is `x`).
-            qs.copy_from_slice(&self.input(q, t..t + 1)[h0 * head_dim..(h0 + g) * head_dim]);
-            order::scale_round_f16(qs, 1.0);
-            // A sliding window starts later; scores[i] is position first + i.
-            let first = window.map_or(0, |w| n_pos.saturating_sub(w));
-            let n_seen = n_pos - first;
-            let off = kvh * head_dim;
-            // Positions first.. sit in at most two runs of consecutive rows (a ring wraps once).
-            let runs = ring_runs(first, n_seen, rows);
-            let mut at = 0;
-            for (slot0, len) in runs {
-                let run = &keys[slot0 * row_len..];
-                if g == 1 {
-                    order::dot_f16_rows(run, row_len, off, qs, &mut scores[at..at + len], batch);
-                } else {
-                    order::dot_f16_rows_heads(
-                        run,
-                        row_len,
-                        off,
-                        qs,
-                        head_dim,
-                        &mut scores[at..],
-                        ctx,
-                        len,
-                    );
-                }
-                at += len;
-            }
-            for scores in scores.chunks_exact_mut(ctx) {
-                softmax_rounded_f16(&mut scores[..n_seen], scale, softcap);
-            }
-            // V·p with p rounded to f16. Output element d accumulates term p in slot
-            // p % width (see cpu::ggml_order); slots are stored [slot][d] so that one position
-            // updates a contiguous row of head_dim accumulators (vectorizable, same order).
-            accs.fill(0.0);
-            let mut at = 0;
-            for (slot0, len) in runs {
-                let run = &values[slot0 * row_len..];
-                if g == 1 {
-                    let p = &scores[at..at + len];
-                    order::axpy_f16_rows(accs, width, at, run, row_len, off, p);
-                } else {
-                    order::axpy_f16_rows_heads(
-                        accs,
-                        head_dim,
-                        width,
-                        at,
-                        run,
-                        row_len,
-                        off,
-                        &scores[at..],
-                        ctx,
-                        len,
-                    );
-                }
-                at += len;
-            }
-            for (i, accs) in accs.chunks_exact(head_dim * width).enumerate() {
-                let h = h0 + i;
-                order::accumulated_sums(
-                    accs,
-                    self.output(out, t, h * head_dim..(h + 1) * head_dim),
-                );
-            }
-        }
-    }
-}
-
-impl OpCtx<'_> {
-    /// [`OpCtx::attention`] of a batch of one sequence without a sliding window, each job
-    /// taking `tile` consecutive tokens with `g` query heads of one KV head: `tile * g` (token,
-    /// head) pairs. The keys, then the values, are read in chunks of [`ROWS_PER_CHUNK`] rows,
-    /// each chunk used by every pair while it sits in the core's caches, instead of one pass
-    /// over the whole cache per token. Each score and each output keeps the operations and
-    /// order of one token at a time (the scores of rows a pair does not see are computed and
-    /// ignored; its `V·p` takes exactly its own rows), so the bits are the same.
-    #[inline(always)]
-    fn attention_tokens_together(&self, a: Attention, g: usize, tile: usize, scratch: &mut [f32]) {
-        use edge_kernels::cpu::ggml_order::{self as order, LANES};
-        let Attention {
-            q,
-            layer,
-            n_head,
-            n_head_kv,
-            head_dim,
-            scale,
-            softcap,
-            out,
-            ..
-        } = a;
-        let group = n_head / n_head_kv;
-        let n_tok = self.n_tokens();
+        let chunk = if tile > 1 { ROWS_PER_CHUNK } else { usize::MAX };
         let ctx = self.kv.ctx;
-        let width = LANES;
         let (k_base, v_base, rows) = self.kv.layer_span(layer);
+        // Rows are f16 of `row_bytes` bytes.
         let row_len = self.kv.row_bytes / 2;
+        debug_assert!(row_len >= self.kv.kv_dim);
         let pairs_max = g * tile;
+        let per_pair = head_dim * width;
+        let scratch = self.scratch();
         let (scores, rest) = scratch.split_at_mut(pairs_max * ctx);
         let (qs, rest) = rest.split_at_mut(pairs_max * head_dim);
-        let accs = &mut rest[..pairs_max * head_dim * width];
-        let per_pair = head_dim * width;
+        let accs = &mut rest[..pairs_max * per_pair];
         let head_groups = n_head / g;
-        for job in self.share_causal(n_tok.div_ceil(tile) * head_groups) {
+        let jobs = if pairs_max == 1 {
+            self.attention_jobs(n_head, group)
+        } else {
+            AttentionJobs::Strided(self.share_causal(n_tok.div_ceil(tile) * head_groups))
+        };
+        for job in jobs {
             // Job (tile i, h0): tokens t0..t1, heads h0..h0 + g; pair p is token t0 + p / g,
             // head h0 + p % g.
             let (t0, h0) = (job / head_groups * tile, job % head_groups * g);
             let t1 = (t0 + tile).min(n_tok);
             let pairs = (t1 - t0) * g;
             let kvh = h0 / group;
+            // The tile's tokens share a cache and a first position (tile > 1 only for one
+            // sequence without a window), and see positions first..seen(t).
             let kv = self.kv_of(t0);
-            // Positions 0..seen(t): one run of rows (no window, so no ring).
             let seen = |t: usize| self.pos(t) + 1;
-            let (n_first, n_last) = (seen(t0), seen(t1 - 1));
-            debug_assert!(n_last <= rows);
-            // SAFETY: the cache is only read during attention (see `attention`).
+            let first = window.map_or(0, |w| seen(t0).saturating_sub(w));
+            let (n_first, n_last) = (seen(t0) - first, seen(t1 - 1) - first);
+            // The layer's keys and values in the tile's cache (the same layout in every cache
+            // of a run).
+            // SAFETY: the cache is only read during attention: StoreKv wrote it before the
+            // barrier that precedes this op, and nothing writes it until the next StoreKv.
             let (keys, values) = unsafe {
                 (
                     kv.mem.slice::<f16>(k_base, rows * row_len),
@@ -467,51 +360,83 @@ impl OpCtx<'_> {
                 qs[k * g * head_dim..(k + 1) * g * head_dim]
                     .copy_from_slice(&self.input(q, t..t + 1)[h0 * head_dim..(h0 + g) * head_dim]);
             }
+            // ggml converts the query to f16 before its f16 K·Q product (`x * 1` is `x`).
             let qs = &mut qs[..pairs * head_dim];
             order::scale_round_f16(qs, 1.0);
             let off = kvh * head_dim;
-            let mut c0 = 0;
-            while c0 < n_last {
-                let c1 = (c0 + ROWS_PER_CHUNK).min(n_last);
-                order::dot_f16_rows_heads(
-                    &keys[c0 * row_len..],
-                    row_len,
-                    off,
-                    qs,
-                    head_dim,
-                    &mut scores[c0..],
-                    ctx,
-                    c1 - c0,
-                );
-                c0 = c1;
+            // scores[p * ctx + i] is pair p's score of position first + i; those positions sit
+            // in at most two runs of consecutive rows (a ring wraps once).
+            let mut at = 0;
+            for (slot0, len) in ring_runs(first, n_last, rows) {
+                for c0 in (0..len).step_by(chunk) {
+                    let c1 = len.min(c0.saturating_add(chunk));
+                    let run = &keys[(slot0 + c0) * row_len..];
+                    let out = &mut scores[at + c0..];
+                    if pairs == 1 {
+                        order::dot_f16_rows(run, row_len, off, qs, &mut out[..c1 - c0], batch);
+                    } else {
+                        order::dot_f16_rows_heads(
+                            run,
+                            row_len,
+                            off,
+                            qs,
+                            head_dim,
+                            out,
+                            ctx,
+                            c1 - c0,
+                        );
+                    }
+                }
+                at += len;
             }
             for p in 0..pairs {
-                let n_seen = seen(t0 + p / g);
+                let n_seen = seen(t0 + p / g) - first;
                 softmax_rounded_f16(&mut scores[p * ctx..p * ctx + n_seen], scale, softcap);
             }
-            // V·p: the rows every pair sees in chunks for all pairs, then each later token's
-            // last few rows for its own pairs (terms stay in order in every slot).
+            // V·p with p rounded to f16. Output element d accumulates term i in slot i % width
+            // (see cpu::ggml_order); slots are stored [slot][d] so that one position updates a
+            // contiguous row of head_dim accumulators (vectorizable, same order). The rows every
+            // pair sees go for all pairs, then each later token's last few rows for its own
+            // pairs (terms stay in order in every slot).
             let accs = &mut accs[..pairs * per_pair];
             accs.fill(0.0);
-            let mut c0 = 0;
-            while c0 < n_first {
-                let c1 = (c0 + ROWS_PER_CHUNK).min(n_first);
-                order::axpy_f16_rows_heads(
-                    accs,
-                    head_dim,
-                    width,
-                    c0,
-                    &values[c0 * row_len..],
-                    row_len,
-                    off,
-                    &scores[c0..],
-                    ctx,
-                    c1 - c0,
-                );
-                c0 = c1;
+            let mut at = 0;
+            for (slot0, len) in ring_runs(first, n_first, rows) {
+                for c0 in (0..len).step_by(chunk) {
+                    let c1 = len.min(c0.saturating_add(chunk));
+                    let run = &values[(slot0 + c0) * row_len..];
+                    let (term, probs) = (at + c0, &scores[at + c0..]);
+                    if pairs == 1 {
+                        order::axpy_f16_rows(
+                            accs,
+                            width,
+                            term,
+                            run,
+                            row_len,
+                            off,
+                            &probs[..c1 - c0],
+                        );
+                    } else {
+                        order::axpy_f16_rows_heads(
+                            accs,
+                            head_dim,
+                            width,
+                            term,
+                            run,
+                            row_len,
+                            off,
+                            probs,
+                            ctx,
+                            c1 - c0,
+                        );
+                    }
+                }
+                at += len;
             }
             for p in 0..pairs {
-                let n_seen = seen(t0 + p / g);
+                // Only tiles of more than one token have later tokens: no window, no ring, so
+                // term i is row i.
+                let n_seen = seen(t0 + p / g) - first;
                 if n_seen > n_first {
                     order::axpy_f16_rows(
                         &mut accs[p * per_pair..(p + 1) * per_pair],
@@ -535,8 +460,8 @@ impl OpCtx<'_> {
     }
 }
 
-/// Rows of the cache a job of [`OpCtx::attention_tokens_together`] reads at a time (64 KiB of
-/// keys for a head of 128).
+/// Rows of the cache a job of [`OpCtx::attention`] with several tokens reads at a time (64 KiB
+/// of keys for a head of 128).
 const ROWS_PER_CHUNK: usize = 256;
 
 /// llama.cpp's softmax of one row of scores, in place: `soft_cap(s) * scale`, the maximum,
