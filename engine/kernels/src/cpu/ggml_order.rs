@@ -565,19 +565,16 @@ mod simd {
     /// Rows ahead of the one read that the one-token score kernel asks for.
     const ROWS_AHEAD: usize = 16;
 
-    /// Asks for the cache lines of `a[i..i + n]` ahead of their use. Attention reads cache
-    /// rows a whole KV row apart (kilobytes), two or fewer per 4 KiB page, where the hardware
-    /// prefetchers do not follow.
+    /// Asks for the cache lines of `a[i..i + n]` ahead of their use ([`prefetch_ahead`]; past
+    /// the end, nothing). Attention reads cache rows a whole KV row apart (kilobytes), two or
+    /// fewer per 4 KiB page, where the hardware prefetchers do not follow.
+    ///
+    /// [`prefetch_ahead`]: crate::cpu::prefetch_ahead
     #[inline(always)]
     fn prefetch_f16(a: &[f16], i: usize, n: usize) {
-        let p = a.as_ptr().cast::<i8>();
-        let mut b = 0;
-        while b < 2 * n {
-            // SAFETY: a prefetch reads nothing architecturally and cannot fault, whatever the
-            // address (`wrapping_add` keeps the pointer arithmetic itself defined).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2 * i + b)) };
-            b += 64;
-        }
+        // SAFETY: an f16 is two plain bytes; the view covers exactly `a`'s memory.
+        let bytes = unsafe { std::slice::from_raw_parts(a.as_ptr().cast::<u8>(), 2 * a.len()) };
+        crate::cpu::prefetch_ahead(bytes, 2 * i, 2 * n);
     }
 
     /// 8 f32 at `b[i..i + 8]`.
