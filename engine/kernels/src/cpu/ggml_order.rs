@@ -565,16 +565,16 @@ mod simd {
     /// Rows ahead of the one read that the one-token score kernel asks for.
     const ROWS_AHEAD: usize = 16;
 
-    /// Asks for the cache lines of `a[i..i + n]` ahead of their use ([`prefetch_ahead`]; past
+    /// Asks for the cache lines of `a[i..i + n]` ahead of their use ([`prefetch_range`]; past
     /// the end, nothing). Attention reads cache rows a whole KV row apart (kilobytes), two or
     /// fewer per 4 KiB page, where the hardware prefetchers do not follow.
     ///
-    /// [`prefetch_ahead`]: crate::cpu::prefetch_ahead
+    /// [`prefetch_range`]: crate::cpu::x86::prefetch_range
     #[inline(always)]
     fn prefetch_f16(a: &[f16], i: usize, n: usize) {
         // SAFETY: an f16 is two plain bytes; the view covers exactly `a`'s memory.
         let bytes = unsafe { std::slice::from_raw_parts(a.as_ptr().cast::<u8>(), 2 * a.len()) };
-        crate::cpu::prefetch_ahead(bytes, 2 * i, 2 * n);
+        crate::cpu::x86::prefetch_range(bytes, 2 * i, 2 * n);
     }
 
     /// 8 f32 at `b[i..i + 8]`.

@@ -955,20 +955,7 @@ const PREFETCH_BYTES: usize = 1024;
 #[inline(always)]
 fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let end = (start + len).min(w.len());
-        let mut at = start;
-        while at < end {
-            // SAFETY: `at < w.len()`, so the pointer is inside `w`; a prefetch reads nothing
-            // architecturally and cannot fault.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    w.as_ptr().add(at).cast(),
-                )
-            };
-            at += 64;
-        }
-    }
+    x86::prefetch_range(w, start, len);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (w, start, len);
 }

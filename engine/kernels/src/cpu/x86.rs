@@ -81,6 +81,20 @@ pub(super) fn prefetch_stream<T>(block: &T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
 }
 
+/// Hints the CPU to load `w[start..start + len]` into cache, a prefetch per cache line; ranges
+/// past the end are clipped.
+#[inline(always)]
+pub(super) fn prefetch_range(w: &[u8], start: usize, len: usize) {
+    let end = start.saturating_add(len).min(w.len());
+    let mut at = start;
+    while at < end {
+        // SAFETY: `at < w.len()`, so the pointer is inside `w`; a prefetch reads nothing
+        // architecturally and cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(at).cast()) };
+        at += 64;
+    }
+}
+
 /// Horizontal sum of 8 f32 lanes, in ggml's `hsum_float_8` order (halves added lane-wise,
 /// then `(t0 + t2) + (t1 + t3)`).
 #[inline]
