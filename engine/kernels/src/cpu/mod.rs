@@ -1437,12 +1437,78 @@ impl Kernels {
         false
     }
 
+    /// The fewest tokens of a prefill matmul for which the panels ([`Kernels::panels_for`])
+    /// beat the kernels that read the weights where they are: packing costs a pass over the
+    /// rows, which enough tokens must repay. Q4_0 and IQ4_NL (repacked shapes) have an 8-token
+    /// kernel with rows in the lanes too (the same bits): Zen 4, 2 threads, the 1.1B Q4_0 file,
+    /// with panels against without, pp16 135 / 152 tok/s, pp24 160 / 166, pp32 179 / 168, pp64
+    /// 212 / 183. The other types' 8-token kernels keep ggml's lane sums per block (3.5
+    /// instructions per row, block and token), and the panels win from 8 tokens: SmolLM2 Q8_0
+    /// pp8 632 / 560, IQ4_XS 775 / 724, the Qwen3-class Q4_K_M file (its Q8_0 / Q5_0 tensors)
+    /// 214 / 207.
+    pub fn panel_min_tokens(&self, w_ty: GgmlType) -> usize {
+        match w_ty {
+            GgmlType::Q4_0 | GgmlType::IQ4_NL => 32,
+            _ => MATVEC_TOKENS8,
+        }
+    }
+
     /// Packs rows `rows` (at most [`panel_rows`]`(n / 32)`) of the `w_ty` matrix `w` (rows of
     /// `n` values) into `p`, where [`Kernels::panels_for`] says so.
     ///
     /// # Panics
     /// If the type has no panels, there are too many rows, or `w` is too short.
     pub fn pack_panels(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        rows: Range<usize>,
+        p: &mut Panels<'_>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            if t.avx512() {
+                use panels::PanelKind::{Blocks32, SuperBlocks256};
+                use panels::{pack_avx512, BlockRows};
+                let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
+                let (nb, n_rows) = (n / QK, rows.len());
+                // SAFETY (all): the token proves the AVX-512 features; `w_rows` holds the
+                // `n_rows` whole rows of `nb` blocks (`matrix_rows` checked the lengths).
+                unsafe {
+                    match w_ty {
+                        GgmlType::Q8_0 => {
+                            let src = BlockRows::<BlockQ8_0>::new(w_rows, rb);
+                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                        }
+                        GgmlType::Q5_0 => {
+                            let src = BlockRows::<q5_0::BlockQ5_0>::new(w_rows, rb);
+                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                        }
+                        GgmlType::Q4_0 => {
+                            let src = BlockRows::<BlockQ4_0>::new(w_rows, rb);
+                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                        }
+                        GgmlType::IQ4_NL => {
+                            let src = BlockRows::<iq4_nl::BlockIq4Nl>::new(w_rows, rb);
+                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                        }
+                        GgmlType::IQ4_XS => {
+                            let src = BlockRows::<iq4_xs::BlockIq4Xs>::new(w_rows, rb);
+                            pack_avx512(p, SuperBlocks256, n_rows, nb, &src)
+                        }
+                        _ => panic!("pack_panels: no panels for {w_ty}"),
+                    }
+                }
+                return;
+            }
+        }
+        self.pack_panels_portable(w_ty, n, w, rows, p)
+    }
+
+    /// [`Kernels::pack_panels`] in plain Rust, one value at a time: what machines without the
+    /// AVX-512 packing would run, and the reference the SIMD packing is tested against.
+    fn pack_panels_portable(
         &self,
         w_ty: GgmlType,
         n: usize,

@@ -1337,3 +1337,58 @@ fn panels_match_one_token() {
         "panels: {tested} shapes tested, worst Q8_0/Q5_0/IQ4_XS error {worst:.3} of the bound"
     );
 }
+
+#[test]
+fn simd_packing_matches_the_portable_packing() {
+    // Any bytes are blocks of these types (a NaN or infinite scale is packed as it is); the
+    // two packings must write the same bytes, padding rows included.
+    let mut r = Rng::new(877);
+    let mut tested = 0;
+    for k in all_kernels() {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_0,
+            GgmlType::IQ4_NL,
+            GgmlType::IQ4_XS,
+        ] {
+            for (first, n_pack, nb) in [
+                (0usize, 1usize, 8usize),
+                (0, 16, 16),
+                (3, 37, 64),
+                (8, 64, 48),
+                (1, 5, 24),
+                (2, 16, 176),
+                (2, 29, 100),
+                (0, 16, 256),
+                (5, 31, 8),
+            ] {
+                if ty == GgmlType::IQ4_XS && !nb.is_multiple_of(8) {
+                    continue; // rows of whole super-blocks only
+                }
+                let n = nb * QK;
+                let n_rows = (first + n_pack).next_multiple_of(8) + 8;
+                let w = r.bytes(n_rows * bytes_of(ty, n));
+                if !k.panels_for(ty, n, &w) {
+                    continue;
+                }
+                tested += 1;
+                let mut buf_a = vec![0f32; PANELS_SCRATCH_BYTES / 4];
+                let mut buf_b = vec![1f32; PANELS_SCRATCH_BYTES / 4];
+                let mut a = Panels::new(&mut buf_a);
+                let mut b = Panels::new(&mut buf_b);
+                k.pack_panels(ty, n, &w, first..first + n_pack, &mut a);
+                k.pack_panels_portable(ty, n, &w, first..first + n_pack, &mut b);
+                assert_eq!(a.n_rows(), n_pack);
+                assert!(
+                    a.packed_bytes() == b.packed_bytes(),
+                    "{} {ty}: rows {first}+{n_pack}, {nb} blocks: the packings differ",
+                    k.isa_name()
+                );
+            }
+        }
+    }
+    if crate::cpu::panels_possible() {
+        assert!(tested >= 30, "only {tested} shapes ran through the panels");
+    }
+}

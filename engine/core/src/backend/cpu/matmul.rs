@@ -120,7 +120,7 @@ impl OpCtx<'_> {
     ) {
         let k = &self.exec.kernels;
         let mut t = 0;
-        if n_tok >= MATVEC_TOKENS8 && k.panels_for(wt, n, bytes) {
+        if n_tok >= k.panel_min_tokens(wt) && k.panels_for(wt, n, bytes) {
             t = self.panel_groups(wt, n, bytes, xq, xrb, n_tok, &rows, out);
         }
         t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
