@@ -55,6 +55,17 @@ fn shared_parts_forced() -> Option<bool> {
     }
 }
 
+/// Whether `n_threads` are more than the CPUs this process may use (affinity mask and cgroup
+/// quota): then some thread is always off its core, and every run takes shared parts from the
+/// start. Waiting for the barriers' spin budget to collapse is not enough there: with one
+/// thread more than the CPUs, the waits can settle just inside the longest spin (each barrier
+/// waiting ~100 µs for a thread the scheduler soon runs again), where the budget keeps growing
+/// instead of collapsing: SmolLM2 Q4_1 decoded at 17 tok/s with `-t 3` on 2 CPUs when nothing
+/// before the decode had collapsed it (`bench -p 1`), 224 tok/s with shared parts.
+fn oversubscribed(n_threads: usize) -> bool {
+    std::thread::available_parallelism().is_ok_and(|cpus| n_threads > cpus.get())
+}
+
 /// Columns per thread part of a decode step's elementwise f32 ops: a whole cache line, so that
 /// two threads never write the same line.
 pub(super) const F32_GRANULE: usize = 16;
@@ -232,7 +243,14 @@ impl Executor {
             next_tag: std::sync::atomic::AtomicUsize::new(0),
             phases: PhaseCounters::new(),
             shared: AtomicBool::new(false),
-            shared_forced: shared_parts_forced(),
+            shared_forced: shared_parts_forced().or_else(|| {
+                oversubscribed(n_threads.max(1)).then(|| {
+                    log::info!(
+                        "threads: {n_threads} on fewer CPUs than that: every run uses shared parts"
+                    );
+                    true
+                })
+            }),
             quiet_runs: AtomicU32::new(0),
         })
     }
@@ -648,5 +666,18 @@ impl<'a> OpCtx<'a> {
             Op::GeGlu { gate, up, out } => self.geglu(gate, up, out),
             Op::Columns { x, start, out } => self.columns(x, start, out),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::oversubscribed;
+
+    #[test]
+    fn more_threads_than_cpus_is_oversubscribed() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(!oversubscribed(cpus));
+        assert!(!oversubscribed(1));
+        assert!(oversubscribed(cpus + 1));
     }
 }
