@@ -1469,34 +1469,33 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
             if t.avx512() {
+                use panels::pack_avx512;
                 use panels::PanelKind::{Blocks32, SuperBlocks256};
-                use panels::{pack_avx512, BlockRows};
                 let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
                 let (nb, n_rows) = (n / QK, rows.len());
-                // SAFETY (all): the token proves the AVX-512 features; `w_rows` holds the
-                // `n_rows` whole rows of `nb` blocks (`matrix_rows` checked the lengths).
+                // SAFETY (all): the token proves the AVX-512 features.
                 unsafe {
                     match w_ty {
                         GgmlType::Q8_0 => {
-                            let src = BlockRows::<BlockQ8_0>::new(w_rows, rb);
-                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                            pack_avx512::<BlockQ8_0>(p, Blocks32, w_rows, rb, n_rows, nb)
                         }
                         GgmlType::Q5_0 => {
-                            let src = BlockRows::<q5_0::BlockQ5_0>::new(w_rows, rb);
-                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                            pack_avx512::<q5_0::BlockQ5_0>(p, Blocks32, w_rows, rb, n_rows, nb)
                         }
                         GgmlType::Q4_0 => {
-                            let src = BlockRows::<BlockQ4_0>::new(w_rows, rb);
-                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                            pack_avx512::<BlockQ4_0>(p, Blocks32, w_rows, rb, n_rows, nb)
                         }
                         GgmlType::IQ4_NL => {
-                            let src = BlockRows::<iq4_nl::BlockIq4Nl>::new(w_rows, rb);
-                            pack_avx512(p, Blocks32, n_rows, nb, &src)
+                            pack_avx512::<iq4_nl::BlockIq4Nl>(p, Blocks32, w_rows, rb, n_rows, nb)
                         }
-                        GgmlType::IQ4_XS => {
-                            let src = BlockRows::<iq4_xs::BlockIq4Xs>::new(w_rows, rb);
-                            pack_avx512(p, SuperBlocks256, n_rows, nb, &src)
-                        }
+                        GgmlType::IQ4_XS => pack_avx512::<iq4_xs::BlockIq4Xs>(
+                            p,
+                            SuperBlocks256,
+                            w_rows,
+                            rb,
+                            n_rows,
+                            nb,
+                        ),
                         _ => panic!("pack_panels: no panels for {w_ty}"),
                     }
                 }

@@ -227,8 +227,6 @@ pub(super) trait PanelSource {
     unsafe fn biased(&self, r: usize, i: usize) -> __m256i;
     /// Row `r`'s block `i`: `d` (f32) and the integer sub-block scale (0 for 32-value blocks).
     fn scales(&self, r: usize, i: usize) -> (f32, i32);
-    /// The rows' bytes, and the bytes of one row (for prefetching).
-    fn bytes(&self) -> (&[u8], usize);
 }
 
 /// Rows of a matrix of blocks `B` (`rb` bytes per row), in the layout of the file.
@@ -242,7 +240,7 @@ pub(super) struct BlockRows<'a, B> {
 #[cfg(target_arch = "x86_64")]
 impl<'a, B: super::block::Block> BlockRows<'a, B> {
     /// Whole rows of `rb` bytes of `B` blocks.
-    pub(super) fn new(w: &'a [u8], rb: usize) -> Self {
+    fn new(w: &'a [u8], rb: usize) -> Self {
         BlockRows {
             w,
             rb,
@@ -279,9 +277,6 @@ impl PanelSource for BlockRows<'_, BlockQ8_0> {
     fn scales(&self, r: usize, i: usize) -> (f32, i32) {
         (self.block(r, i).d(), 0)
     }
-    fn bytes(&self) -> (&[u8], usize) {
-        (self.w, self.rb)
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -297,9 +292,6 @@ impl PanelSource for BlockRows<'_, BlockQ4_0> {
     #[inline(always)]
     fn scales(&self, r: usize, i: usize) -> (f32, i32) {
         (self.block(r, i).d(), 0)
-    }
-    fn bytes(&self) -> (&[u8], usize) {
-        (self.w, self.rb)
     }
 }
 
@@ -318,9 +310,6 @@ impl PanelSource for BlockRows<'_, BlockQ5_0> {
     fn scales(&self, r: usize, i: usize) -> (f32, i32) {
         (self.block(r, i).d(), 0)
     }
-    fn bytes(&self) -> (&[u8], usize) {
-        (self.w, self.rb)
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -335,9 +324,6 @@ impl PanelSource for BlockRows<'_, BlockIq4Nl> {
     #[inline(always)]
     fn scales(&self, r: usize, i: usize) -> (f32, i32) {
         (self.block(r, i).d(), 0)
-    }
-    fn bytes(&self) -> (&[u8], usize) {
-        (self.w, self.rb)
     }
 }
 
@@ -360,9 +346,6 @@ impl PanelSource for BlockRows<'_, BlockIq4Xs> {
         let b = self.block(r, i / 8);
         (f16_le(b.d), b.scale(i % 8))
     }
-    fn bytes(&self) -> (&[u8], usize) {
-        (self.w, self.rb)
-    }
 }
 
 /// [`Panels::pack`] with AVX-512: per panel block, the 16 rows' biased values are decoded in
@@ -374,21 +357,27 @@ impl PanelSource for BlockRows<'_, BlockIq4Xs> {
 /// quarter of a 128-token prefill of Q4_0 weights and made short prompts slower through the
 /// panels than without them.
 ///
+/// `w` holds the `n_rows` rows to pack, whole rows of `rb` bytes of `B` blocks (`nb` blocks of
+/// 32 values each, as [`PanelSource`] counts them).
+///
 /// # Safety
-/// The CPU has the features of [`super::x86::avx512_detected`]; `src` holds `n_rows` rows of
-/// `nb` blocks (as [`PanelSource`] counts them).
+/// The CPU has the features of [`super::x86::avx512_detected`].
 ///
 /// # Panics
-/// As [`Panels::pack`].
+/// As [`Panels::pack`], or if `w` holds fewer than `n_rows` rows of `nb` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn pack_avx512<S: PanelSource>(
+pub(super) unsafe fn pack_avx512<'a, B: super::block::Block>(
     p: &mut Panels<'_>,
     kind: PanelKind,
+    w: &'a [u8],
+    rb: usize,
     n_rows: usize,
     nb: usize,
-    src: &S,
-) {
+) where
+    BlockRows<'a, B>: PanelSource,
+{
+    let src = BlockRows::<B>::new(w, rb);
     assert!(
         n_rows <= panel_rows(nb),
         "panels: {n_rows} rows of {nb} blocks do not fit"
@@ -405,16 +394,15 @@ pub(super) unsafe fn pack_avx512<S: PanelSource>(
     // which the hardware prefetchers follow badly: the first panel is prefetched at once, and
     // each block of a panel prefetches its share of the next panel's bytes (the panels' rows are
     // consecutive in the matrix).
-    let (bytes, rb) = src.bytes();
     let panel_bytes = PANEL_ROWS * rb;
     let share = panel_bytes.div_ceil(nb.max(1)).next_multiple_of(64);
-    prefetch_range(bytes, 0, panel_bytes);
+    prefetch_range(w, 0, panel_bytes);
     for panel in 0..n_rows.div_ceil(PANEL_ROWS) {
         let r0 = panel * PANEL_ROWS;
         let live = PANEL_ROWS.min(n_rows - r0);
         let next = (r0 + PANEL_ROWS) * rb;
         for i in 0..nb {
-            prefetch_range(bytes, next + i * share, share);
+            prefetch_range(w, next + i * share, share);
             // Row k's biased values (no closure: closures do not take this function's target
             // features, and one that is not inlined passes every register through memory).
             let mut rows = [pad; PANEL_ROWS];

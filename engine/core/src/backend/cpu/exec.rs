@@ -166,7 +166,8 @@ pub struct Executor {
     phases: PhaseCounters,
     /// Runs use shared parts (the machine is contended).
     shared: AtomicBool,
-    /// `EDGE_RUN_SHARED_PARTS` when the executor was built.
+    /// `EDGE_RUN_SHARED_PARTS` when the executor was built; else `Some(true)` where there are
+    /// more threads than CPUs ([`oversubscribed`]).
     shared_forced: Option<bool>,
     /// Shared-part runs in a row without a long phase wait.
     quiet_runs: AtomicU32,
