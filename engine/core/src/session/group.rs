@@ -153,7 +153,8 @@ impl GroupSizing {
 /// Opens the `n` sessions of `plan`, allocating what its report says; their kernels are chosen
 /// for this CPU once ([`crate::backend::cpu::tune::choose`]).
 pub fn open_group(model: Arc<Model>, plan: GroupPlan) -> Result<Vec<Session>> {
-    let kernels = crate::backend::cpu::tune::choose(&model, Kernels::detect());
+    let kernels =
+        crate::backend::cpu::tune::choose(&model, Kernels::detect(), plan.session.threads);
     open_group_with_kernels(model, plan, kernels)
 }
 

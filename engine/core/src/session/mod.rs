@@ -90,7 +90,9 @@ impl Session {
     /// [`SessionPlan::within_budget`]): allocates exactly what the plan's report says.
     pub fn from_plan(model: Arc<Model>, plan: SessionPlan) -> Result<Session> {
         let kernels = match plan.device {
-            Device::Cpu => crate::backend::cpu::tune::choose(&model, Kernels::detect()),
+            Device::Cpu => {
+                crate::backend::cpu::tune::choose(&model, Kernels::detect(), plan.threads)
+            }
             Device::Cuda(_) => Kernels::detect(),
         };
         Session::from_plan_with_kernels(model, plan, kernels)

@@ -1392,3 +1392,60 @@ fn simd_packing_matches_the_portable_packing() {
         assert!(tested >= 30, "only {tested} shapes ran through the panels");
     }
 }
+
+/// One-token Q4_K and Q6_K matvec speed per kernel set, one thread, in cache (0.15-0.22 MB,
+/// short and long rows) and from memory (75 MB): what decode's K-quant kernels cost.
+/// `cargo test --release -p edge-kernels --lib bench_decode_kquants -- --ignored --nocapture`
+#[test]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
+fn bench_decode_kquants() {
+    use std::time::Instant;
+    let mut r = Rng::new(7);
+    for (ty, rows, n) in [
+        (GgmlType::Q4_K, 256usize, 1024usize),
+        (GgmlType::Q4_K, 32usize, 8192usize),
+        (GgmlType::Q4_K, 3072 * 8, 1024),
+        (GgmlType::Q4_K, 65536, 2048),
+        (GgmlType::Q6_K, 256, 1024),
+        (GgmlType::Q6_K, 3072 * 8, 1024),
+    ] {
+        let xt = ty.vec_dot_type();
+        let mut w = r.bytes(bytes_of(ty, n) * rows);
+        for blk in w.chunks_mut(ty.block_bytes()) {
+            match ty {
+                GgmlType::Q4_K => {
+                    blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                    blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                }
+                _ => {
+                    let l = blk.len();
+                    blk[l - 2..].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                }
+            }
+        }
+        let mut x = vec![0u8; bytes_of(xt, n)];
+        quantize_row(xt, &r.vec(n, 1.0), &mut x).unwrap();
+        let mut y = vec![0.0f32; rows];
+        for k in all_kernels()
+            .into_iter()
+            .filter(|k| k.isa_name() != "scalar")
+        {
+            let reps = (400_000_000 / w.len()).max(8);
+            k.matvec(ty, n, &w, &x, 0..rows, &mut y);
+            let mut best = f64::MAX;
+            for _ in 0..reps {
+                let t = Instant::now();
+                k.matvec(ty, n, &w, &x, 0..rows, &mut y);
+                std::hint::black_box(&mut y);
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            println!(
+                "{ty} {rows}x{n} ({:.2} MB) {:>6}: best {:8.1} us {:6.2} GB/s",
+                w.len() as f64 / 1e6,
+                k.isa_name(),
+                best * 1e6,
+                w.len() as f64 / best / 1e9,
+            );
+        }
+    }
+}
