@@ -39,7 +39,7 @@ use super::q6_k::BlockQ6_K;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
 use super::q8_k::BlockQ8_K;
-use super::x86::{hsum, k4_min_sum, k4_scales_mins_i16, load_q8, q5_quants, Token};
+use super::x86::{hsum, k4_min_sum, k4_scales_mins_i16, load_q8, min_pairs, q5_quants, Token};
 
 /// ggml's `hsum_float_8`: `(lo + hi)`, then `(l0 + l2) + (l1 + l3)`.
 #[inline(always)]
@@ -456,8 +456,7 @@ unsafe fn dot_q5_k_q8_k_xn_impl<const N: usize>(w: &[BlockQ5_K], x: [&[BlockQ8_K
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4k_min_products(bx: &BlockQ8_K, sm: __m256i) -> __m128 {
-    let m = _mm256_extracti128_si256(sm, 1);
-    let m2 = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
+    let m2 = min_pairs(_mm256_extracti128_si256(sm, 1));
     // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); loadu has no alignment requirement.
     let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
     // Lane j: m[j] * (bsum(2j) + bsum(2j + 1)); adjacent lanes summed: [p0+p1, p2+p3 | p4+p5, ..].

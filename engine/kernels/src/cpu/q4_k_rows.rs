@@ -30,7 +30,9 @@ use std::arch::x86_64::*;
 
 use super::q4_k::BlockQ4_K;
 use super::q8_k::BlockQ8_K;
-use super::x86::{accumulate_block, prefetch_row_ahead, row_result, scales_mins_words, Token};
+use super::x86::{
+    accumulate_block, min_pairs, prefetch_row_ahead, row_result, scales_mins_words, Token,
+};
 
 /// 16 bytes at `lo` in the low 128-bit half and 16 bytes at `hi` in the high half.
 ///
@@ -614,11 +616,8 @@ unsafe fn rows2_impl(w0: &[BlockQ4_K], w1: &[BlockQ4_K], x: &[BlockQ8_K]) -> [f3
         let lanes = _mm512_add_epi32(a, b);
         // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); unaligned load.
         let bsums = unsafe { _mm256_loadu_si256(bx.bsums.as_ptr().cast()) };
-        // Each min twice, beside bsums 2k and 2k + 1.
-        let pairs =
-            |m: __m128i| _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
-        let mins0 = _mm256_madd_epi16(bsums, pairs(m0));
-        let mins1 = _mm256_madd_epi16(bsums, pairs(m1));
+        let mins0 = _mm256_madd_epi16(bsums, min_pairs(m0));
+        let mins1 = _mm256_madd_epi16(bsums, min_pairs(m1));
         let h = _mm256_hadd_epi32(
             _mm256_hadd_epi32(_mm512_castsi512_si256(lanes), mins0),
             _mm256_hadd_epi32(_mm512_extracti64x4_epi64::<1>(lanes), mins1),

@@ -173,8 +173,8 @@ pub(super) mod avx2 {
     // and would take `super::` here for `cpu/mod.rs`.
     use crate::cpu::repack::*;
     use crate::cpu::x86::{
-        accumulate_block, load_q8, nibbles, prefetch_row_ahead, row_result, scales_mins_words,
-        Token,
+        accumulate_block, load_q8, min_pairs, nibbles, prefetch_row_ahead, row_result,
+        scales_mins_words, Token,
     };
     use std::arch::x86_64::*;
 
@@ -523,9 +523,7 @@ pub(super) mod avx2 {
             let bx = x.map(|r| unsafe { r.get_unchecked(i) });
             let (sc16, m16) = scales_mins_words(bw);
             let sc16 = _mm256_broadcastsi128_si256(sc16);
-            // Min k of sub-block k (32 quants) weighs activation block sums 2k and 2k + 1.
-            let m_pairs =
-                _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+            let m_pairs = min_pairs(m16);
             let mut lanes = [_mm256_setzero_si256(); N];
             let mut mins = [_mm256_setzero_si256(); N];
             for t in 0..N {

@@ -740,6 +740,21 @@ fn q8_0_sign_trick_paths_equal_scalar() {
     }
 }
 
+/// Seconds of the fastest and the mean of `reps` calls of `f`, after one untimed warm-up call.
+fn time_calls(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
+    use std::time::Instant;
+    f();
+    let (mut best, mut total) = (f64::MAX, 0.0);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f();
+        let s = t.elapsed().as_secs_f64();
+        best = best.min(s);
+        total += s;
+    }
+    (best, total / reps as f64)
+}
+
 /// `cargo test --release -p edge-kernels --lib cpu::tests::bench -- --ignored --nocapture`
 #[test]
 #[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
@@ -764,17 +779,10 @@ fn bench_matvec_q4_1() {
         for k in all_kernels() {
             // The machine is shared: report the fastest call (least disturbed) and the mean.
             let reps = (200_000_000 / w.len()).max(5);
-            k.matvec(ty, n, &w, &x, 0..rows, &mut y);
-            let (mut best, mut total) = (f64::MAX, 0.0);
-            for _ in 0..reps {
-                let t = Instant::now();
+            let (best, mean) = time_calls(reps, || {
                 k.matvec(ty, n, &w, &x, 0..rows, &mut y);
                 std::hint::black_box(&mut y);
-                let s = t.elapsed().as_secs_f64();
-                best = best.min(s);
-                total += s;
-            }
-            let mean = total / reps as f64;
+            });
             println!(
                 "{ty} matvec {rows}x{n} ({:.2} MB) {:>6}: best {:8.1} us {:6.2} GB/s, mean {:6.2} GB/s",
                 w.len() as f64 / 1e6,
@@ -1399,7 +1407,6 @@ fn simd_packing_matches_the_portable_packing() {
 #[test]
 #[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
 fn bench_decode_kquants() {
-    use std::time::Instant;
     let mut r = Rng::new(7);
     for (ty, rows, n) in [
         (GgmlType::Q4_K, 256usize, 1024usize),
@@ -1431,14 +1438,10 @@ fn bench_decode_kquants() {
             .filter(|k| k.isa_name() != "scalar")
         {
             let reps = (400_000_000 / w.len()).max(8);
-            k.matvec(ty, n, &w, &x, 0..rows, &mut y);
-            let mut best = f64::MAX;
-            for _ in 0..reps {
-                let t = Instant::now();
+            let (best, _) = time_calls(reps, || {
                 k.matvec(ty, n, &w, &x, 0..rows, &mut y);
                 std::hint::black_box(&mut y);
-                best = best.min(t.elapsed().as_secs_f64());
-            }
+            });
             println!(
                 "{ty} {rows}x{n} ({:.2} MB) {:>6}: best {:8.1} us {:6.2} GB/s",
                 w.len() as f64 / 1e6,

@@ -177,13 +177,20 @@ pub(super) unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0], u[1], u[2], u[3]))
 }
 
+/// Each of the 8 mins `m` twice, `[m0, m0, m1, m1, .., m7, m7]`: min k weighs the activation
+/// block sums 2k and 2k + 1 (its sub-block's 32 quants), so one `madd` with `bsums` gives the
+/// min products in pairs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn min_pairs(m: __m128i) -> __m256i {
+    _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m))
+}
+
 /// `sum_k m[k] * (bsum(2k) + bsum(2k + 1))` of one block (`sm` from [`k4_scales_mins_i16`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_min_sum(bx: &BlockQ8_K, sm: __m256i) -> i32 {
-    let m = _mm256_extracti128_si256(sm, 1);
-    // Each min twice, beside bsums 2k and 2k + 1.
-    let m2 = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
+    let m2 = min_pairs(_mm256_extracti128_si256(sm, 1));
     // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); loadu has no alignment requirement.
     let bsums = _mm256_loadu_si256(bx.bsums.as_ptr().cast());
     let p = _mm256_madd_epi16(bsums, m2);
@@ -257,8 +264,7 @@ pub(super) fn accumulate_block(
 ) -> __m128 {
     // SAFETY: `bsums` is 16 little-endian i16 (32 bytes); unaligned load.
     let bsums = unsafe { _mm256_loadu_si256(bx.bsums.as_ptr().cast()) };
-    let m_pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-    let mins = _mm256_madd_epi16(bsums, m_pairs);
+    let mins = _mm256_madd_epi16(bsums, min_pairs(m16));
     let h = _mm256_hadd_epi32(lanes, mins);
     let h = _mm256_hadd_epi32(h, h);
     // [isum, mins, isum, mins].

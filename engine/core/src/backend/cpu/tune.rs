@@ -212,17 +212,20 @@ fn time_candidates(
         kernels.with_256_bit(w.ty, phase, false),
         kernels.with_256_bit(w.ty, phase, true),
     ];
+    let matrices: Vec<&[u8]> = ids[..n_matrices]
+        .iter()
+        .map(|&id| model.weight_bytes(id))
+        .collect();
     let mut best = [f64::INFINITY; 2];
     for _ in 0..ROUNDS {
         for (c, k) in candidates.iter().enumerate() {
-            let matrices = ids[..n_matrices].iter().map(|&id| model.weight_bytes(id));
             let ns = match phase {
                 Phase::Decode => {
-                    decode_pass(k, w.ty, w.row_len, matrices, &x, &mut y[..rows], threads)
+                    decode_pass(k, w.ty, w.row_len, &matrices, &x, &mut y[..rows], threads)
                 }
                 Phase::Prefill => {
                     let t = Instant::now();
-                    for bytes in matrices {
+                    for &bytes in &matrices {
                         prefill_pass(k, w.ty, w.row_len, bytes, &x, rows, &mut y);
                     }
                     t.elapsed().as_nanos() as f64
@@ -238,19 +241,18 @@ fn time_candidates(
 }
 
 /// Nanoseconds of one token's matmul over each of `matrices` (`y.len()` rows each), the rows
-/// split into `threads` contiguous parts computed at once, one thread each, as the executor
-/// splits a decode step's matmul: the slowest thread's time from a common start (the threads'
-/// start-up is not timed).
-fn decode_pass<'a>(
+/// split into `threads` contiguous parts computed at once, one thread each (the executor's
+/// threads, too, each stream a share of a decode step's rows): the slowest thread's time from
+/// a common start (the threads' start-up is not timed).
+fn decode_pass(
     k: &Kernels,
     ty: GgmlType,
     n: usize,
-    matrices: impl Iterator<Item = &'a [u8]>,
+    matrices: &[&[u8]],
     x: &[u8],
     y: &mut [f32],
     threads: usize,
 ) -> f64 {
-    let matrices: Vec<&[u8]> = matrices.collect();
     let part = y.len().div_ceil(threads.max(1)).max(1);
     let n_parts = y.len().div_ceil(part);
     let start = std::sync::Barrier::new(n_parts);
@@ -258,7 +260,7 @@ fn decode_pass<'a>(
         let rows = i * part..i * part + yp.len();
         start.wait();
         let t = Instant::now();
-        for w in &matrices {
+        for w in matrices {
             k.matvec(ty, n, w, x, rows.clone(), yp);
         }
         t.elapsed().as_nanos() as f64
