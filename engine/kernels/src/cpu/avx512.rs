@@ -162,8 +162,7 @@ pub(super) unsafe fn dot_q4_1_q8_1_rows2(w: [&[BlockQ4_1]; 2], x: &[BlockQ8_1]) 
     for (i, bx) in x.iter().enumerate().take(w[0].len()) {
         // SAFETY: i < w[0].len() == w[1].len() (caller).
         let bw = w.map(|r| unsafe { r.get_unchecked(i) });
-        prefetch_stream(bw[0]);
-        prefetch_stream(bw[1]);
+        prefetch_pair(w[0], i);
         let (dx, sx) = (i16::from_le_bytes(bx.d), i16::from_le_bytes(bx.s));
         let h = _mm256_cvtph_ps(_mm_setr_epi16(
             i16::from_le_bytes(bw[0].d),
@@ -210,8 +209,7 @@ pub(super) unsafe fn dot_q8_0_q8_0_rows2(w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0]) 
     for (i, bx) in x.iter().enumerate().take(w[0].len()) {
         // SAFETY: i < w[0].len() == w[1].len() (caller).
         let bw = w.map(|r| unsafe { r.get_unchecked(i) });
-        prefetch_stream(bw[0]);
-        prefetch_stream(bw[1]);
+        prefetch_pair(w[0], i);
         let dx = i16::from_le_bytes(bx.d);
         let h = _mm_cvtph_ps(_mm_setr_epi16(
             i16::from_le_bytes(bw[0].d),
@@ -243,6 +241,29 @@ pub(super) unsafe fn dot_q8_0_q8_0_rows2(w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0]) 
     }
     // SAFETY: AVX2 is among this function's features.
     unsafe { [hsum(acc0), hsum(acc1)] }
+}
+
+/// How far ahead of a pair of rows' current block [`prefetch_pair`] asks for weight bytes.
+const PAIR_PREFETCH_DISTANCE: usize = 4096;
+
+/// Hints the CPU to fetch the two cache lines `PAIR_PREFETCH_DISTANCE` bytes after the bytes a
+/// pair of adjacent rows (the first `row0`) has read by block `i`: the pair streams as one
+/// sequential run, where a prefetch per row (two runs 1 row apart) halved the speed from
+/// memory (Q8_0 on Zen 4: 11 against 25 GB/s). A block pair of at most 128 bytes is covered.
+#[inline(always)]
+fn prefetch_pair<T>(row0: &[T], i: usize) {
+    let ahead = row0
+        .as_ptr()
+        .cast::<i8>()
+        .wrapping_add(PAIR_PREFETCH_DISTANCE + 2 * std::mem::size_of::<T>() * i);
+    // SAFETY: a prefetch reads nothing architecturally and cannot fault, whatever the address
+    // (`wrapping_add` keeps the pointer arithmetic itself defined).
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        if 2 * std::mem::size_of::<T>() > 64 {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        }
+    }
 }
 
 /// How far ahead of the block being read the tile kernels ask for weight bytes: a tile of 4
@@ -470,8 +491,17 @@ biased_tile!(
     dot_q5_0_q8_0_tile,
     BlockQ5_0,
     16,
-    |b| q5_quants(&b.qh, &b.qs)
+    |b| q5_quants_masked(&b.qh, &b.qs)
 );
+
+/// [`q5_quants`] with the fifth bits added under a mask (`qh` as the byte mask): two
+/// instructions instead of six.
+#[inline(always)]
+unsafe fn q5_quants_masked(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
+    // SAFETY: AVX2 is among the caller's features.
+    let n = unsafe { nibbles(qs) };
+    _mm256_mask_add_epi8(n, u32::from_le_bytes(*qh), n, _mm256_set1_epi8(16))
+}
 
 /// Q4_1 . Q8_1 of one weight row with 4 tokens, two per 512-bit register.
 ///

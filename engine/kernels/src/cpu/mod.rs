@@ -51,6 +51,8 @@ mod iq4_nl;
 mod iq4_xs;
 #[cfg(target_arch = "x86_64")]
 mod kquant_order;
+#[cfg(target_arch = "x86_64")]
+mod legacy_rows;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -787,17 +789,62 @@ impl Kernels {
             (Isa::Scalar, GgmlType::IQ4_XS) => {
                 rows_with!(|wr| kquant_order::dot_iq4_xs_q8_k(blocks(wr), blocks(x)))
             }
+            // One Q4_1 / Q5_0 / Q5_1 token four rows at a time (`legacy_rows.rs`: the
+            // activation's pieces formed once per call, the rows streamed as one run).
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q4_1)
+                if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_1>() <= 512 =>
+            {
+                let xb: &[BlockQ8_1] = blocks(x);
+                with_block_scales(xb.len(), |a: &mut [legacy_rows::ActBlock]| {
+                    legacy_rows::prepare_q8_1(xb, a);
+                    in_rows4(
+                        w,
+                        rb,
+                        y,
+                        |w4| legacy_rows::dot_q4_1_q8_1_rows4(t, w4, xb, a, true),
+                        |wr| avx2::dot_q4_1_q8_1(t, wr, xb),
+                    )
+                })
+                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
+            }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) if t.avx512() => {
                 rows2_with!(t, avx2::dot_q4_1_q8_1_rows2, avx2::dot_q4_1_q8_1)
             }
-            // One Q5_0 token through the 4-row tiles (4 independent `fma` chains, the
-            // activation block and its `-16 * sum(y)` formed once for 4 rows).
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0)
                 if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_0>() <= 512 =>
             {
-                avx512_q5_0_tokens(w, rb, [blocks(x)], [y]);
+                let xb: &[BlockQ8_0] = blocks(x);
+                with_block_scales(xb.len(), |a: &mut [legacy_rows::ActBlock]| {
+                    legacy_rows::prepare_q8_0(t, xb, a);
+                    in_rows4(
+                        w,
+                        rb,
+                        y,
+                        |w4| legacy_rows::dot_q5_0_q8_0_rows4(t, w4, xb, a, true),
+                        |wr| avx2_quants::dot_q5_0_q8_0(t, wr, xb),
+                    )
+                })
+                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_1)
+                if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_1>() <= 512 =>
+            {
+                let xb: &[BlockQ8_1] = blocks(x);
+                with_block_scales(xb.len(), |a: &mut [legacy_rows::ActBlock]| {
+                    legacy_rows::prepare_q8_1(xb, a);
+                    in_rows4(
+                        w,
+                        rb,
+                        y,
+                        |w4| legacy_rows::dot_q5_1_q8_1_rows4(t, w4, xb, a, true),
+                        |wr| avx2_quants::dot_q5_1_q8_1(t, wr, xb),
+                    )
+                })
+                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q8_0) if t.avx512() => {
@@ -1126,6 +1173,28 @@ fn with_block_scales<S: Copy + Default, R>(nb: usize, f: impl FnOnce(&mut [S]) -
         33..=128 => Some(f(&mut [S::default(); 128][..nb])),
         129..=512 => Some(f(&mut [S::default(); 512][..nb])),
         _ => None,
+    }
+}
+
+/// The rows of `w` (whole rows of `rb` bytes, one output each in `y`) four at a time through
+/// `dot4`, the rest one by one through `dot`.
+#[cfg(target_arch = "x86_64")]
+fn in_rows4<B: block::Block>(
+    w: &[u8],
+    rb: usize,
+    y: &mut [f32],
+    dot4: impl Fn([&[B]; 4]) -> [f32; 4],
+    dot: impl Fn(&[B]) -> f32,
+) {
+    let (y4, y1) = y.split_at_mut(y.len() / 4 * 4);
+    let (w4, w1) = w.split_at(y4.len() * rb);
+    for (ys, ws) in y4.chunks_exact_mut(4).zip(w4.chunks_exact(4 * rb)) {
+        ys.copy_from_slice(&dot4(std::array::from_fn(|k| {
+            blocks(&ws[k * rb..(k + 1) * rb])
+        })));
+    }
+    for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+        *yi = dot(blocks(wr));
     }
 }
 

@@ -1415,6 +1415,15 @@ fn bench_decode_kquants() {
         (GgmlType::Q4_K, 65536, 2048),
         (GgmlType::Q6_K, 256, 1024),
         (GgmlType::Q6_K, 3072 * 8, 1024),
+        (GgmlType::Q5_0, 1536, 576),
+        (GgmlType::Q5_0, 131072, 576),
+        (GgmlType::Q5_1, 1536, 576),
+        (GgmlType::Q5_1, 131072, 576),
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 131072, 576),
+        (GgmlType::Q8_0, 1536, 576),
+        (GgmlType::Q8_0, 131072, 576),
+        (GgmlType::IQ4_NL, 1536, 576),
     ] {
         let xt = ty.vec_dot_type();
         let mut w = r.bytes(bytes_of(ty, n) * rows);
@@ -1424,10 +1433,15 @@ fn bench_decode_kquants() {
                     blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
                     blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
                 }
-                _ => {
+                GgmlType::Q6_K => {
                     let l = blk.len();
                     blk[l - 2..].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
                 }
+                GgmlType::Q5_1 | GgmlType::Q4_1 => {
+                    blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                    blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
+                }
+                _ => blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05))),
             }
         }
         let mut x = vec![0u8; bytes_of(xt, n)];

@@ -22,6 +22,8 @@ use super::q8_k::BlockQ8_K;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Token {
     avx512: bool,
+    /// GFNI as well (only with `avx512`): Ice Lake and Zen 4 have it, Cascade Lake does not.
+    gfni: bool,
 }
 
 impl Token {
@@ -30,13 +32,19 @@ impl Token {
         let ok = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then_some(Token { avx512: false })
+        ok.then_some(Token {
+            avx512: false,
+            gfni: false,
+        })
     }
 
     /// A token that also runs the AVX-512 kernels (`avx512.rs`, `q4_0_rows.rs`, `q4_k_rows.rs`)
     /// where the AVX2 files have a faster equivalent, if this CPU has them.
     pub(super) fn detect_avx512() -> Option<Token> {
-        avx512_detected().then_some(Token { avx512: true })
+        avx512_detected().then(|| Token {
+            avx512: true,
+            gfni: is_x86_feature_detected!("gfni"),
+        })
     }
 
     /// Whether the AVX-512 kernels are used.
@@ -44,9 +52,18 @@ impl Token {
         self.avx512
     }
 
+    /// Whether the AVX-512 kernels may also use GFNI (`gf2p8affineqb`); only where
+    /// [`Token::avx512`] is true.
+    pub(super) fn gfni(self) -> bool {
+        self.gfni
+    }
+
     /// The same CPU's AVX2 kernels only (an AVX-512 token proves AVX2, FMA and F16C too).
     pub(super) fn without_avx512(self) -> Token {
-        Token { avx512: false }
+        Token {
+            avx512: false,
+            gfni: false,
+        }
     }
 }
 
