@@ -1424,6 +1424,9 @@ fn bench_decode_kquants() {
         (GgmlType::Q8_0, 1536, 576),
         (GgmlType::Q8_0, 131072, 576),
         (GgmlType::IQ4_NL, 1536, 576),
+        (GgmlType::IQ4_NL, 131072, 576),
+        (GgmlType::IQ4_XS, 1536, 1536),
+        (GgmlType::IQ4_XS, 49152, 1536),
     ] {
         let xt = ty.vec_dot_type();
         let mut w = r.bytes(bytes_of(ty, n) * rows);
