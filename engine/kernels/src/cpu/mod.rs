@@ -50,6 +50,8 @@ pub mod ggml_order;
 mod iq4_nl;
 mod iq4_xs;
 #[cfg(target_arch = "x86_64")]
+mod iq4_xs_rows;
+#[cfg(target_arch = "x86_64")]
 mod kquant_order;
 #[cfg(target_arch = "x86_64")]
 mod legacy_rows;
@@ -774,6 +776,26 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q3_K) => {
                 rows_with!(|wr| kquant_order::avx2::dot_q3_k_q8_k(t, blocks(wr), blocks(x)))
+            }
+            // Four rows at a time with AVX-512 (`iq4_xs_rows.rs`), for rows of up to 8,192
+            // values (the activation's per-call pieces, 288 bytes a super-block, stay on the
+            // stack).
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::IQ4_XS)
+                if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_K>() <= 32 =>
+            {
+                let xb: &[BlockQ8_K] = blocks(x);
+                with_block_scales(xb.len(), |a: &mut [iq4_xs_rows::ActBlock]| {
+                    iq4_xs_rows::prepare(t, xb, a);
+                    in_rows4(
+                        w,
+                        rb,
+                        y,
+                        |w4| iq4_xs_rows::dot_iq4_xs_q8_k_rows(t, w4, xb, a, true),
+                        |wr| iq4_xs_rows::dot_iq4_xs_q8_k_rows(t, [wr], xb, a, true)[0],
+                    )
+                })
+                .unwrap_or_else(|| unreachable!("at most 32 super-blocks here (checked above)"));
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::IQ4_XS) => {

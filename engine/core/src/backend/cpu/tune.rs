@@ -33,7 +33,7 @@ const KERNEL_SET_VERSION: u32 = 10;
 /// kernel and the choice does not matter). Q5_0, Q5_1 and IQ4_NL were not timed before the
 /// AVX2 set had its own 8-token Q5_0 kernel; on a Zen 4 CPU (512-bit integer instructions
 /// split in two halves) the AVX2 one can be the faster.
-const TYPES_WITH_AVX512: [GgmlType; 9] = [
+const TYPES_WITH_AVX512: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
@@ -43,6 +43,7 @@ const TYPES_WITH_AVX512: [GgmlType; 9] = [
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 /// Weight bytes one decode timing streams, over as many of the shape's matrices as it takes:
 /// past the caches, as decode streams the weights from memory.
