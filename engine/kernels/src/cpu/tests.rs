@@ -1415,6 +1415,8 @@ fn bench_decode_kquants() {
         (GgmlType::Q4_K, 65536, 2048),
         (GgmlType::Q6_K, 256, 1024),
         (GgmlType::Q6_K, 3072 * 8, 1024),
+        (GgmlType::Q5_K, 256, 1024),
+        (GgmlType::Q5_K, 3072 * 8, 1024),
         (GgmlType::Q5_0, 1536, 576),
         (GgmlType::Q5_0, 131072, 576),
         (GgmlType::Q5_1, 1536, 576),
@@ -1432,7 +1434,7 @@ fn bench_decode_kquants() {
         let mut w = r.bytes(bytes_of(ty, n) * rows);
         for blk in w.chunks_mut(ty.block_bytes()) {
             match ty {
-                GgmlType::Q4_K => {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
                     blk[..2].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
                     blk[2..4].copy_from_slice(&f16_le_bytes(r.f32(0.05)));
                 }
