@@ -39,7 +39,9 @@ use super::q6_k::BlockQ6_K;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
 use super::q8_k::BlockQ8_K;
-use super::x86::{hsum, k4_min_sum, k4_scales_mins_i16, load_q8, min_pairs, q5_quants, Token};
+use super::x86::{
+    hsum, k4_min_sum, k4_scale, k4_scales_mins_i16, load_q8, min_pairs, q5_quants, Token,
+};
 
 /// ggml's `hsum_float_8`: `(lo + hi)`, then `(l0 + l2) + (l1 + l3)`.
 #[inline(always)]
@@ -343,14 +345,6 @@ unsafe fn dot_iq4_nl_q8_0_impl(w: &[BlockIq4Nl], x: &[BlockQ8_0]) -> f32 {
 // most 8 * 4 * 31 * 128 * 63). The min term per block: `sum_k m[k] * (bsum(2k) + bsum(2k + 1))`,
 // formed with `madd` in i32 (exact even for arbitrary i16 bsums, whose pair sums could wrap
 // in i16).
-
-/// Sub-block `k`'s scale in all 16 i16 lanes (`scales` = the 8 scales as i16 in both halves).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_scale(scales: __m256i, k: usize) -> __m256i {
-    let ctrl = (((2 * k + 1) << 8) | (2 * k)) as i16;
-    _mm256_shuffle_epi8(scales, _mm256_set1_epi16(ctrl))
-}
 
 /// Sub-blocks `2c` and `2c + 1` of a Q5_K block as unsigned bytes (0..31): nibbles of
 /// `qs[32c..32c + 32]`, with bits `2c` and `2c + 1` of `qh` (`qh_c` = `qh` shifted right by `2c`
@@ -858,6 +852,27 @@ pub(super) fn dot_q5_k_q8_k(_: Token, w: &[BlockQ5_K], x: &[BlockQ8_K]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     // SAFETY: see above.
     unsafe { dot_q5_k_q8_k_impl(w, x) }
+}
+
+/// [`dot_q5_k_q8_k`] of `R` (1 or 2) weight rows with the AVX-512 kernel (decode; the same
+/// bits).
+///
+/// # Panics
+/// If the token is not an AVX-512 one, the rows differ in length or `x` is shorter.
+pub(super) fn dot_q5_k_q8_k_rows<const R: usize>(
+    t: Token,
+    w: [&[BlockQ5_K]; R],
+    x: &[BlockQ8_K],
+) -> [f32; R] {
+    const { assert!(R == 1 || R == 2) };
+    assert!(t.avx512(), "dot_q5_k_q8_k_rows: an AVX-512 token");
+    let nb = w[0].len();
+    assert!(
+        w.iter().all(|r| r.len() == nb) && x.len() >= nb,
+        "dot_q5_k_q8_k_rows: rows of unequal length or activation too short"
+    );
+    // SAFETY: the token's AVX-512 features were detected; lengths checked.
+    unsafe { super::avx512::dot_q5_k_q8_k_rows(w, x) }
 }
 
 /// [`dot_q5_k_q8_k`] of one weight row with `N` activation rows at once (bit-identical to `N`

@@ -47,7 +47,7 @@ use super::q8_1::BlockQ8_1;
 use super::q8_k::BlockQ8_K;
 // AVX2 helpers: their features are a subset of this file's, so they inline here.
 use super::x86::{
-    hsum, k4_min_sum, k4_scales_mins_i16, load_q8, nibbles, prefetch_stream, q5_quants,
+    hsum, k4_min_sum, k4_scale, k4_scales_mins_i16, load_q8, nibbles, prefetch_stream, q5_quants,
 };
 
 /// Two tokens' 32 quants: `a` in the low half, `b` in the high half.
@@ -241,6 +241,88 @@ pub(super) unsafe fn dot_q8_0_q8_0_rows2(w: [&[BlockQ8_0]; 2], x: &[BlockQ8_0]) 
     }
     // SAFETY: AVX2 is among this function's features.
     unsafe { [hsum(acc0), hsum(acc1)] }
+}
+
+/// Q5_K · Q8_K of `R` weight rows (1 or 2) with one activation (decode), in ggml's AVX2 order
+/// (`avx2_quants::dot_q5_k_q8_k`: per block 8 lanes of `scale_k * (q · y)` summed over the 8
+/// sub-blocks in integers, `fma(d_x * d_w, lanes, acc)`, the min term `fma(-d_x * dmin, it,
+/// summs)` in block order, `hsum(acc) + summs` at the end), with AVX-512's help where the AVX2
+/// kernel spends most: the fifth bits added under a byte mask tested out of `qh` (two
+/// instructions per sub-block instead of four), and the scaled pair sums accumulated by one
+/// `vpdpwssd` instead of `madd` and `add`. The same integers, so the same bits. Two rows share
+/// the activation's loads.
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`]; the rows have one length and
+/// `x` at least that many blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q5_k_q8_k_rows<const R: usize>(
+    w: [&[BlockQ5_K]; R],
+    x: &[BlockQ8_K],
+) -> [f32; R] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summs = [0.0f32; R];
+    let nb = w[0].len();
+    for i in 0..nb {
+        // SAFETY: i < nb <= x.len() and every w[r].len() (caller).
+        let (bx, b) = unsafe { (x.get_unchecked(i), w.map(|r| r.get_unchecked(i))) };
+        // The rows are adjacent in the matrix: one stream, the lines of R blocks 4 KiB ahead.
+        let ahead = w[0].as_ptr().cast::<i8>().wrapping_add(4096 + R * 176 * i);
+        for line in 0..(R * 176).div_ceil(64) {
+            // A prefetch reads nothing architecturally and cannot fault, whatever the address
+            // (`wrapping_add` keeps the pointer arithmetic itself defined).
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line));
+        }
+        let mut scales = [_mm256_setzero_si256(); R];
+        let mut qh = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let dmin = -bx.d() * f16_le(b[r].dmin);
+            // SAFETY: AVX2 is among this function's features.
+            let sm = unsafe { k4_scales_mins_i16(&b[r].scales) };
+            // SAFETY: as above.
+            summs[r] = dmin.mul_add(unsafe { k4_min_sum(bx, sm) } as f32, summs[r]);
+            scales[r] = _mm256_permute2x128_si256(sm, sm, 0x00);
+            // SAFETY: `qh` is 32 readable bytes; unaligned load.
+            qh[r] = unsafe { _mm256_loadu_si256(b[r].qh.as_ptr().cast()) };
+        }
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for c in 0..4 {
+            // SAFETY: c < 4: `qs[64c..64c + 64]` is inside the 256 quants; unaligned loads.
+            let (y_lo, y_hi) = unsafe {
+                (
+                    _mm256_loadu_si256(bx.qs.as_ptr().add(64 * c).cast()),
+                    _mm256_loadu_si256(bx.qs.as_ptr().add(64 * c + 32).cast()),
+                )
+            };
+            for r in 0..R {
+                // SAFETY: c < 4: `qs[32c..32c + 32]` is inside the block; unaligned load.
+                let q = unsafe { _mm256_loadu_si256(b[r].qs.as_ptr().add(32 * c).cast()) };
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                let bit_lo = _mm256_test_epi8_mask(qh[r], _mm256_set1_epi8(1 << (2 * c)));
+                let bit_hi = _mm256_test_epi8_mask(qh[r], _mm256_set1_epi8(1 << (2 * c + 1)));
+                let lo = _mm256_mask_add_epi8(lo, bit_lo, lo, sixteen);
+                let hi = _mm256_mask_add_epi8(hi, bit_hi, hi, sixteen);
+                // SAFETY: AVX2 is among this function's features.
+                let (sc_lo, sc_hi) =
+                    unsafe { (k4_scale(scales[r], 2 * c), k4_scale(scales[r], 2 * c + 1)) };
+                // Pair sums at most 2 * 31 * 127 (i16, no saturation: the quantizer's
+                // activations are -127..127, and 128 would give 7,936 too).
+                let p_lo = _mm256_maddubs_epi16(lo, y_lo);
+                let p_hi = _mm256_maddubs_epi16(hi, y_hi);
+                sumi[r] = _mm256_dpwssd_epi32(sumi[r], p_lo, sc_lo);
+                sumi[r] = _mm256_dpwssd_epi32(sumi[r], p_hi, sc_hi);
+            }
+        }
+        for r in 0..R {
+            let d = bx.d() * f16_le(b[r].d);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    // SAFETY: AVX2 is among this function's features.
+    std::array::from_fn(|r| unsafe { hsum(acc[r]) } + summs[r])
 }
 
 /// How far ahead of a pair of rows' current block [`prefetch_pair`] asks for weight bytes.

@@ -906,6 +906,20 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q4_K) => {
                 rows_with!(|wr| avx2_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
             }
+            // Two rows per call with AVX-512 (masked fifth bits, `vpdpwssd`; the same bits).
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2(t), GgmlType::Q5_K) if t.avx512() => {
+                let xb = blocks(x);
+                let (y2, y1) = y.split_at_mut(y.len() / 2 * 2);
+                let (w2, w1) = w.split_at(y2.len() * rb);
+                for (ys, ws) in y2.chunks_exact_mut(2).zip(w2.chunks_exact(2 * rb)) {
+                    let pair = [blocks(&ws[..rb]), blocks(&ws[rb..])];
+                    ys.copy_from_slice(&avx2_quants::dot_q5_k_q8_k_rows(t, pair, xb));
+                }
+                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+                    *yi = avx2_quants::dot_q5_k_q8_k_rows(t, [blocks(wr)], xb)[0];
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_K) => {
                 rows_with!(|wr| avx2_quants::dot_q5_k_q8_k(t, blocks(wr), blocks(x)))

@@ -1036,6 +1036,7 @@ fn check_256_bit_choice_keeps_the_bits(wide: Kernels) {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
     ] {
         let narrow =
             wide.with_256_bit(ty, Phase::Decode, true)
@@ -1112,12 +1113,13 @@ fn check_256_bit_choice_keeps_the_bits(wide: Kernels) {
 }
 
 /// A weight row of any type: quantized from random floats where a quantizer exists, else
-/// (k-quants, Q5_0, Q5_1, IQ4_NL) random bytes with finite f16 scales where the block keeps them.
+/// (k-quants, Q5_0, Q5_1, IQ4_NL, IQ4_XS) random bytes with finite f16 scales where the block
+/// keeps them.
 fn any_weight_row(r: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
     let scale_offsets: &[usize] = match ty {
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q6_K => &[208],
-        GgmlType::Q5_0 | GgmlType::IQ4_NL => &[0],
+        GgmlType::Q5_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         _ => return weight_row(r, ty, n),
     };
     let mut b = r.bytes(bytes_of(ty, n));
@@ -1468,6 +1470,51 @@ fn bench_decode_kquants() {
                 best * 1e6,
                 w.len() as f64 / best / 1e9,
             );
+        }
+    }
+}
+
+/// The AVX-512 Q5_K decode kernel (one and two rows) against the AVX2 one, bit for bit, on
+/// random and extreme blocks (quants all 0 or all 31, scales and mins all 0 or 63, the largest
+/// f16 `d` / `dmin`) and activations (all -128 or 127, the largest scale), every ordered pair.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q5_k_decode_rows_bit_identical_to_the_avx2_kernel() {
+    use super::repack::tests::{q8_k_row, random_blocks, scale};
+    let Some(t) = x86::Token::detect_avx512() else {
+        return;
+    };
+    let mut r = Rng::new(49);
+    for nb in [1usize, 2, 3, 5] {
+        for extreme in [false, true] {
+            let w = random_blocks(&mut r, 4 * nb, 176, |r, b| {
+                let pick = r.next_u64();
+                let huge = extreme && pick & 8 != 0;
+                b[..2].copy_from_slice(&scale(r, huge));
+                b[2..4].copy_from_slice(&scale(r, huge));
+                if extreme {
+                    b[4..16].fill(if pick & 1 == 0 { 0x00 } else { 0xFF });
+                    b[16..48].fill(if pick & 2 == 0 { 0x00 } else { 0xFF });
+                    b[48..].fill(if pick & 4 == 0 { 0x00 } else { 0xFF });
+                }
+            });
+            let rows: Vec<&[q5_k::BlockQ5_K]> = w.chunks_exact(nb * 176).map(blocks).collect();
+            for k in 0..2 {
+                let x = q8_k_row(&mut r, nb, extreme && k == 1);
+                let xb: &[BlockQ8_K] = blocks(&x);
+                let want: Vec<u32> = rows
+                    .iter()
+                    .map(|row| avx2_quants::dot_q5_k_q8_k(t, row, xb).to_bits())
+                    .collect();
+                for a in 0..4 {
+                    let [one] = avx2_quants::dot_q5_k_q8_k_rows(t, [rows[a]], xb);
+                    assert_eq!(one.to_bits(), want[a], "nb={nb} {extreme} {k}");
+                    for b in 0..4 {
+                        let two = avx2_quants::dot_q5_k_q8_k_rows(t, [rows[a], rows[b]], xb);
+                        assert_eq!(two.map(f32::to_bits), [want[a], want[b]], "pair nb={nb}");
+                    }
+                }
+            }
         }
     }
 }

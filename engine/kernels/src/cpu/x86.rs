@@ -194,6 +194,14 @@ pub(super) unsafe fn k4_scales_mins_i16(packed: &[u8; 12]) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0], u[1], u[2], u[3]))
 }
 
+/// Sub-block `k`'s scale in all 16 i16 lanes (`scales` = the 8 scales as i16 in both halves).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_scale(scales: __m256i, k: usize) -> __m256i {
+    let ctrl = (((2 * k + 1) << 8) | (2 * k)) as i16;
+    _mm256_shuffle_epi8(scales, _mm256_set1_epi16(ctrl))
+}
+
 /// Each of the 8 mins `m` twice, `[m0, m0, m1, m1, .., m7, m7]`: min k weighs the activation
 /// block sums 2k and 2k + 1 (its sub-block's 32 quants), so one `madd` with `bsums` gives the
 /// min products in pairs.
