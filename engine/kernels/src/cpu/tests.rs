@@ -1518,3 +1518,38 @@ fn q5_k_decode_rows_bit_identical_to_the_avx2_kernel() {
         }
     }
 }
+
+/// Decode attention's f16 row kernels (one query head of 64 against 2,048 cached rows of 192
+/// values, ggml's one-token order), per row: `cargo test --release -p edge-kernels --lib
+/// bench_attention_rows -- --ignored --nocapture`
+#[test]
+#[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
+fn bench_attention_rows() {
+    use super::ggml_order::{axpy_f16_rows, dot_f16_rows, STEP_LANES};
+    use half::f16;
+    let mut r = Rng::new(9);
+    let (rows, stride, n) = (2048usize, 192usize, 64usize);
+    let kv: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(r.f32(1.0))).collect();
+    let q = r.vec(n, 1.0);
+    let mut out = vec![0f32; rows];
+    let (best, _) = time_calls(2000, || {
+        dot_f16_rows(&kv, stride, 64, &q, &mut out, false);
+        std::hint::black_box(&mut out);
+    });
+    println!(
+        "dot_f16_rows: {:.1} ns per row ({:.1} cycles at 3.67 GHz)",
+        best * 1e9 / rows as f64,
+        best * 3.67e9 / rows as f64
+    );
+    let probs = r.vec(rows, 1.0);
+    let mut accs = vec![0f32; STEP_LANES * n];
+    let (best, _) = time_calls(2000, || {
+        axpy_f16_rows(&mut accs, STEP_LANES, 0, &kv, stride, 64, &probs);
+        std::hint::black_box(&mut accs);
+    });
+    println!(
+        "axpy_f16_rows: {:.1} ns per row ({:.1} cycles at 3.67 GHz)",
+        best * 1e9 / rows as f64,
+        best * 3.67e9 / rows as f64
+    );
+}
