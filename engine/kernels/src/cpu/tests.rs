@@ -1403,8 +1403,9 @@ fn simd_packing_matches_the_portable_packing() {
     }
 }
 
-/// One-token Q4_K and Q6_K matvec speed per kernel set, one thread, in cache (0.15-0.22 MB,
-/// short and long rows) and from memory (75 MB): what decode's K-quant kernels cost.
+/// One-token matvec speed per kernel set, one thread, in cache (0.15-1.3 MB) and from memory
+/// (14-80 MB): what decode's kernels cost for the types of the benchmark matrix's files (Q4_K,
+/// Q6_K, Q5_K; SmolLM2's shapes for Q5_0, Q5_1, Q4_1, Q8_0, IQ4_NL, IQ4_XS).
 /// `cargo test --release -p edge-kernels --lib bench_decode_kquants -- --ignored --nocapture`
 #[test]
 #[ignore = "a benchmark (prints timings): run with --ignored --nocapture"]
@@ -1529,7 +1530,9 @@ fn bench_attention_rows() {
     use half::f16;
     let mut r = Rng::new(9);
     let (rows, stride, n) = (2048usize, 192usize, 64usize);
-    let kv: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(r.f32(1.0))).collect();
+    let kv: Vec<f16> = (0..rows * stride)
+        .map(|_| f16::from_f32(r.f32(1.0)))
+        .collect();
     let q = r.vec(n, 1.0);
     let mut out = vec![0f32; rows];
     let (best, _) = time_calls(2000, || {
