@@ -697,6 +697,22 @@ impl Kernels {
                 }
             }};
         }
+        // Four rows per call with the activation's per-call pieces (`legacy_rows.rs`,
+        // `iq4_xs_rows.rs`): `$prepare(xb, a)` fills them, `$dot4(w4, xb, a)` runs four rows,
+        // `$dot(wr, xb)` one left over (the same bits). Rows of at most 512 blocks (the
+        // callers' guards; the pieces live on the stack).
+        #[cfg(target_arch = "x86_64")]
+        macro_rules! prepared_rows4 {
+            ($act:ty, $xblock:ty, $prepare:expr, $dot4:expr, $dot:expr) => {{
+                let xb: &[$xblock] = blocks(x);
+                with_block_scales(xb.len(), |a: &mut [$act]| {
+                    $prepare(xb, &mut *a);
+                    let a = &*a;
+                    in_rows4(w, rb, y, |w4| $dot4(w4, xb, a), |wr| $dot(wr, xb))
+                })
+                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked by the arm)"))
+            }};
+        }
         match (isa, w_ty) {
             // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
             #[cfg(target_arch = "x86_64")]
@@ -784,18 +800,13 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::IQ4_XS)
                 if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_K>() <= 32 =>
             {
-                let xb: &[BlockQ8_K] = blocks(x);
-                with_block_scales(xb.len(), |a: &mut [iq4_xs_rows::ActBlock]| {
-                    iq4_xs_rows::prepare(t, xb, a);
-                    in_rows4(
-                        w,
-                        rb,
-                        y,
-                        |w4| iq4_xs_rows::dot_iq4_xs_q8_k_rows(t, w4, xb, a, true),
-                        |wr| iq4_xs_rows::dot_iq4_xs_q8_k_rows(t, [wr], xb, a, true)[0],
-                    )
-                })
-                .unwrap_or_else(|| unreachable!("at most 32 super-blocks here (checked above)"));
+                prepared_rows4!(
+                    iq4_xs_rows::ActBlock,
+                    BlockQ8_K,
+                    |xb, a| iq4_xs_rows::prepare(t, xb, a),
+                    |w4, xb, a| iq4_xs_rows::dot_iq4_xs_q8_k_rows(t, w4, xb, a, true),
+                    |wr, xb| kquant_order::avx2::dot_iq4_xs_q8_k(t, wr, xb)
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::IQ4_XS) => {
@@ -819,18 +830,13 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q4_1)
                 if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_1>() <= 512 =>
             {
-                let xb: &[BlockQ8_1] = blocks(x);
-                with_block_scales(xb.len(), |a: &mut [legacy_rows::ActBlock]| {
-                    legacy_rows::prepare_q8_1(xb, a);
-                    in_rows4(
-                        w,
-                        rb,
-                        y,
-                        |w4| legacy_rows::dot_q4_1_q8_1_rows4(t, w4, xb, a, true),
-                        |wr| avx2::dot_q4_1_q8_1(t, wr, xb),
-                    )
-                })
-                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
+                prepared_rows4!(
+                    legacy_rows::ActBlock,
+                    BlockQ8_1,
+                    legacy_rows::prepare_q8_1,
+                    |w4, xb, a| legacy_rows::dot_q4_1_q8_1_rows4(t, w4, xb, a, true),
+                    |wr, xb| avx2::dot_q4_1_q8_1(t, wr, xb)
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) if t.avx512() => {
@@ -840,35 +846,25 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q5_0)
                 if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_0>() <= 512 =>
             {
-                let xb: &[BlockQ8_0] = blocks(x);
-                with_block_scales(xb.len(), |a: &mut [legacy_rows::ActBlock]| {
-                    legacy_rows::prepare_q8_0(t, xb, a);
-                    in_rows4(
-                        w,
-                        rb,
-                        y,
-                        |w4| legacy_rows::dot_q5_0_q8_0_rows4(t, w4, xb, a, true),
-                        |wr| avx2_quants::dot_q5_0_q8_0(t, wr, xb),
-                    )
-                })
-                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
+                prepared_rows4!(
+                    legacy_rows::ActBlock,
+                    BlockQ8_0,
+                    |xb, a| legacy_rows::prepare_q8_0(t, xb, a),
+                    |w4, xb, a| legacy_rows::dot_q5_0_q8_0_rows4(t, w4, xb, a, true),
+                    |wr, xb| avx2_quants::dot_q5_0_q8_0(t, wr, xb)
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_1)
                 if t.avx512() && x.len() / std::mem::size_of::<BlockQ8_1>() <= 512 =>
             {
-                let xb: &[BlockQ8_1] = blocks(x);
-                with_block_scales(xb.len(), |a: &mut [legacy_rows::ActBlock]| {
-                    legacy_rows::prepare_q8_1(xb, a);
-                    in_rows4(
-                        w,
-                        rb,
-                        y,
-                        |w4| legacy_rows::dot_q5_1_q8_1_rows4(t, w4, xb, a, true),
-                        |wr| avx2_quants::dot_q5_1_q8_1(t, wr, xb),
-                    )
-                })
-                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
+                prepared_rows4!(
+                    legacy_rows::ActBlock,
+                    BlockQ8_1,
+                    legacy_rows::prepare_q8_1,
+                    |w4, xb, a| legacy_rows::dot_q5_1_q8_1_rows4(t, w4, xb, a, true),
+                    |wr, xb| avx2_quants::dot_q5_1_q8_1(t, wr, xb)
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q8_0) if t.avx512() => {
@@ -906,20 +902,14 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q4_K) => {
                 rows_with!(|wr| avx2_quants::dot_q4_k_q8_k(t, blocks(wr), blocks(x)))
             }
-            // Two rows per call with AVX-512 (masked fifth bits, `vpdpwssd`; the same bits).
+            // Two rows per call with AVX-512 (masked fifth bits, `vpdpwssd`; the same bits as
+            // the AVX2 kernel, which takes a row left over).
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2(t), GgmlType::Q5_K) if t.avx512() => {
-                let xb = blocks(x);
-                let (y2, y1) = y.split_at_mut(y.len() / 2 * 2);
-                let (w2, w1) = w.split_at(y2.len() * rb);
-                for (ys, ws) in y2.chunks_exact_mut(2).zip(w2.chunks_exact(2 * rb)) {
-                    let pair = [blocks(&ws[..rb]), blocks(&ws[rb..])];
-                    ys.copy_from_slice(&avx2_quants::dot_q5_k_q8_k_rows(t, pair, xb));
-                }
-                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
-                    *yi = avx2_quants::dot_q5_k_q8_k_rows(t, [blocks(wr)], xb)[0];
-                }
-            }
+            (Isa::Avx2(t), GgmlType::Q5_K) if t.avx512() => rows2_with!(
+                t,
+                avx2_quants::dot_q5_k_q8_k_rows::<2>,
+                avx2_quants::dot_q5_k_q8_k
+            ),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_K) => {
                 rows_with!(|wr| avx2_quants::dot_q5_k_q8_k(t, blocks(wr), blocks(x)))
