@@ -94,9 +94,14 @@ pub(super) fn prepare_q8_1(x: &[BlockQ8_1], out: &mut [ActBlock]) {
 }
 
 /// A Q4_1, Q5_0 or Q5_1 block as the kernel reads it.
-trait WeightBlock {
+pub(super) trait WeightBlock {
+    /// The activation blocks it pairs with (ggml's `vec_dot_type`).
+    type Act: Q8Block;
     /// Whether the quants have a fifth bit (`qh`).
     const FIFTH_BITS: bool;
+    /// Whether the block has a minimum `m`, whose `m * s` products the dot adds (Q4_1, Q5_1;
+    /// Q5_0's `-16` offset is in [`ActBlock::start`] instead).
+    const MINS: bool;
     /// `d` (and `m`; zero for Q5_0) as f16 bits.
     fn dm(&self) -> (u16, u16);
     /// The fifth bits (zero for Q4_1).
@@ -106,7 +111,9 @@ trait WeightBlock {
 }
 
 impl WeightBlock for BlockQ4_1 {
+    type Act = BlockQ8_1;
     const FIFTH_BITS: bool = false;
+    const MINS: bool = true;
     #[inline(always)]
     fn dm(&self) -> (u16, u16) {
         (u16::from_le_bytes(self.d), u16::from_le_bytes(self.m))
@@ -122,7 +129,9 @@ impl WeightBlock for BlockQ4_1 {
 }
 
 impl WeightBlock for BlockQ5_0 {
+    type Act = BlockQ8_0;
     const FIFTH_BITS: bool = true;
+    const MINS: bool = false;
     #[inline(always)]
     fn dm(&self) -> (u16, u16) {
         (u16::from_le_bytes(self.d), 0)
@@ -138,7 +147,9 @@ impl WeightBlock for BlockQ5_0 {
 }
 
 impl WeightBlock for BlockQ5_1 {
+    type Act = BlockQ8_1;
     const FIFTH_BITS: bool = true;
+    const MINS: bool = true;
     #[inline(always)]
     fn dm(&self) -> (u16, u16) {
         (u16::from_le_bytes(self.d), u16::from_le_bytes(self.m))
@@ -154,7 +165,7 @@ impl WeightBlock for BlockQ5_1 {
 }
 
 /// An activation block's quants.
-trait Q8Block {
+pub(super) trait Q8Block {
     /// The 32 quants.
     fn qs(&self) -> &[i8; 32];
 }
@@ -180,16 +191,15 @@ const LOW_NIBBLE: i64 = 0x0102_0408_0000_0000;
 const HIGH_NIBBLE: i64 = 0x1020_4080_0000_0000;
 
 /// The four rows' dots with the activation (`x`, `a`), in ggml's one-token order. `GFNI`
-/// selects the nibble split; `MINS` adds the `m * s` sums (Q4_1, Q5_1; Q5_0 has the `-16`
-/// offset in `a.start` instead).
+/// selects the nibble split.
 ///
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI are present (and GFNI where `GFNI`); the rows
 /// have one length and `x` and `a` at least that many blocks.
 #[inline(always)]
-unsafe fn rows4_body<B: WeightBlock, X: Q8Block, const GFNI: bool, const MINS: bool>(
+unsafe fn rows4_body<B: WeightBlock, const GFNI: bool>(
     w: [&[B]; 4],
-    x: &[X],
+    x: &[B::Act],
     a: &[ActBlock],
 ) -> [f32; 4] {
     let sixteen = _mm256_set1_epi8(16);
@@ -230,7 +240,7 @@ unsafe fn rows4_body<B: WeightBlock, X: Q8Block, const GFNI: bool, const MINS: b
         };
         // [d_w r * d_x] for rows r = 0..3: each the one-token kernel's f32 product.
         let d = _mm_mul_ps(half4(dm.map(|p| p.0)), _mm_set1_ps(ab.d));
-        if MINS {
+        if B::MINS {
             acc_m = _mm_add_ps(acc_m, _mm_mul_ps(half4(dm.map(|p| p.1)), _mm_set1_ps(ab.s)));
         }
         let ds = [
@@ -261,159 +271,58 @@ unsafe fn rows4_body<B: WeightBlock, X: Q8Block, const GFNI: bool, const MINS: b
     // SAFETY: `m` is 4 writable f32; `storeu` has no alignment requirement.
     unsafe { _mm_storeu_ps(m.as_mut_ptr(), acc_m) };
     // SAFETY: AVX2 is present (caller).
-    std::array::from_fn(|r| unsafe { hsum(acc[r]) } + if MINS { m[r] } else { 0.0 })
+    std::array::from_fn(|r| unsafe { hsum(acc[r]) } + if B::MINS { m[r] } else { 0.0 })
 }
 
-macro_rules! rows4 {
-    ($(#[$doc:meta])* $name:ident, $block:ty, $xblock:ty, $gfni:literal, $mins:literal, $features:literal) => {
-        $(#[$doc])*
-        ///
-        /// # Safety
-        /// The CPU has `
-        #[doc = $features]
-        /// `; the rows have one length and `x` and `a` at least that many blocks.
-        #[target_feature(enable = $features)]
-        unsafe fn $name(w: [&[$block]; 4], x: &[$xblock], a: &[ActBlock]) -> [f32; 4] {
-            // SAFETY: as this function's (the features are enabled here).
-            unsafe { rows4_body::<$block, $xblock, $gfni, $mins>(w, x, a) }
-        }
-    };
+/// [`rows4_body`] with GFNI.
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`] and GFNI; the rows have one
+/// length and `x` and `a` at least that many blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+unsafe fn rows4_gfni<B: WeightBlock>(w: [&[B]; 4], x: &[B::Act], a: &[ActBlock]) -> [f32; 4] {
+    // SAFETY: as this function's (the features are enabled here).
+    unsafe { rows4_body::<B, true>(w, x, a) }
 }
 
-rows4!(
-    /// Q4_1 with GFNI.
-    q4_1_rows4_gfni,
-    BlockQ4_1,
-    BlockQ8_1,
-    true,
-    true,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni"
-);
-rows4!(
-    /// Q4_1 without GFNI.
-    q4_1_rows4_shift,
-    BlockQ4_1,
-    BlockQ8_1,
-    false,
-    true,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
-);
-rows4!(
-    /// Q5_0 with GFNI.
-    q5_0_rows4_gfni,
-    BlockQ5_0,
-    BlockQ8_0,
-    true,
-    false,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni"
-);
-rows4!(
-    /// Q5_0 without GFNI.
-    q5_0_rows4_shift,
-    BlockQ5_0,
-    BlockQ8_0,
-    false,
-    false,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
-);
-rows4!(
-    /// Q5_1 with GFNI.
-    q5_1_rows4_gfni,
-    BlockQ5_1,
-    BlockQ8_1,
-    true,
-    true,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni"
-);
-rows4!(
-    /// Q5_1 without GFNI.
-    q5_1_rows4_shift,
-    BlockQ5_1,
-    BlockQ8_1,
-    false,
-    true,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
-);
-
-/// Checks the lengths every entry point relies on.
-fn check_rows<B>(w: &[&[B]; 4], x_blocks: usize, a: &[ActBlock]) {
-    let nb = w[0].len();
-    assert!(
-        w.iter().all(|r| r.len() == nb) && x_blocks >= nb && a.len() >= nb,
-        "q5 rows: rows of unequal length or activation too short"
-    );
+/// [`rows4_body`] without GFNI.
+///
+/// # Safety
+/// The CPU has the features of [`super::x86::avx512_detected`]; the rows have one length and
+/// `x` and `a` at least that many blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows4_shift<B: WeightBlock>(w: [&[B]; 4], x: &[B::Act], a: &[ActBlock]) -> [f32; 4] {
+    // SAFETY: as this function's (the features are enabled here).
+    unsafe { rows4_body::<B, false>(w, x, a) }
 }
 
-/// Q5_0 · Q8_0 of four weight rows (adjacent in the matrix for the prefetch to help) with one
-/// activation `x` and its [`prepare_q8_0`] pieces `a`: bit-identical to
-/// `avx2_quants::dot_q5_0_q8_0` of each row. `use_gfni` (tests only: false) picks the kernel
-/// without GFNI on a CPU that has it.
+/// Q4_1 · Q8_1, Q5_0 · Q8_0 or Q5_1 · Q8_1 of four weight rows (adjacent in the matrix for the
+/// prefetch to help) with one activation `x` and its pieces `a` ([`prepare_q8_0`] for Q5_0,
+/// [`prepare_q8_1`] for the others): bit-identical to the AVX2 one-row kernel of each row
+/// (`avx2::dot_q4_1_q8_1`, `avx2_quants::dot_q5_0_q8_0`, `avx2_quants::dot_q5_1_q8_1`).
+/// `use_gfni` (tests only: false) picks the kernel without GFNI on a CPU that has it.
 ///
 /// # Panics
 /// If the token is not an AVX-512 one, the rows' lengths differ, or `x` or `a` is shorter.
-pub(super) fn dot_q5_0_q8_0_rows4(
+pub(super) fn dot_rows4<B: WeightBlock>(
     t: Token,
-    w: [&[BlockQ5_0]; 4],
-    x: &[BlockQ8_0],
+    w: [&[B]; 4],
+    x: &[B::Act],
     a: &[ActBlock],
     use_gfni: bool,
 ) -> [f32; 4] {
-    assert!(t.avx512(), "dot_q5_0_q8_0_rows4: an AVX-512 token");
-    check_rows(&w, x.len(), a);
+    assert!(t.avx512(), "legacy_rows::dot_rows4: an AVX-512 token");
+    let nb = w[0].len();
+    assert!(
+        w.iter().all(|r| r.len() == nb) && x.len() >= nb && a.len() >= nb,
+        "legacy_rows::dot_rows4: rows of unequal length or activation too short"
+    );
     if t.gfni() && use_gfni {
         // SAFETY: the token's AVX-512 features and GFNI were detected; lengths checked.
-        unsafe { q5_0_rows4_gfni(w, x, a) }
+        unsafe { rows4_gfni(w, x, a) }
     } else {
         // SAFETY: the token's AVX-512 features were detected; lengths checked.
-        unsafe { q5_0_rows4_shift(w, x, a) }
-    }
-}
-
-/// Q4_1 · Q8_1 of four weight rows with one activation `x` and its [`prepare_q8_1`] pieces `a`:
-/// bit-identical to `avx2::dot_q4_1_q8_1` of each row. `use_gfni` as in
-/// [`dot_q5_0_q8_0_rows4`].
-///
-/// # Panics
-/// As [`dot_q5_0_q8_0_rows4`].
-pub(super) fn dot_q4_1_q8_1_rows4(
-    t: Token,
-    w: [&[BlockQ4_1]; 4],
-    x: &[BlockQ8_1],
-    a: &[ActBlock],
-    use_gfni: bool,
-) -> [f32; 4] {
-    assert!(t.avx512(), "dot_q4_1_q8_1_rows4: an AVX-512 token");
-    check_rows(&w, x.len(), a);
-    if t.gfni() && use_gfni {
-        // SAFETY: the token's AVX-512 features and GFNI were detected; lengths checked.
-        unsafe { q4_1_rows4_gfni(w, x, a) }
-    } else {
-        // SAFETY: the token's AVX-512 features were detected; lengths checked.
-        unsafe { q4_1_rows4_shift(w, x, a) }
-    }
-}
-
-/// Q5_1 · Q8_1 of four weight rows with one activation `x` and its [`prepare_q8_1`] pieces `a`:
-/// bit-identical to `avx2_quants::dot_q5_1_q8_1` of each row. `use_gfni` as in
-/// [`dot_q5_0_q8_0_rows4`].
-///
-/// # Panics
-/// As [`dot_q5_0_q8_0_rows4`].
-pub(super) fn dot_q5_1_q8_1_rows4(
-    t: Token,
-    w: [&[BlockQ5_1]; 4],
-    x: &[BlockQ8_1],
-    a: &[ActBlock],
-    use_gfni: bool,
-) -> [f32; 4] {
-    assert!(t.avx512(), "dot_q5_1_q8_1_rows4: an AVX-512 token");
-    check_rows(&w, x.len(), a);
-    if t.gfni() && use_gfni {
-        // SAFETY: the token's AVX-512 features and GFNI were detected; lengths checked.
-        unsafe { q5_1_rows4_gfni(w, x, a) }
-    } else {
-        // SAFETY: the token's AVX-512 features were detected; lengths checked.
-        unsafe { q5_1_rows4_shift(w, x, a) }
+        unsafe { rows4_shift(w, x, a) }
     }
 }
 
@@ -480,7 +389,7 @@ mod tests {
                     for g in 0..6 * 6 {
                         let pick = [g % 6, g / 6, (g + 1) % 6, (g * 5 + 2) % 6];
                         for gfni in [true, false] {
-                            let got = dot_q5_0_q8_0_rows4(t, pick.map(|p| rows[p]), xb, &a, gfni);
+                            let got = dot_rows4(t, pick.map(|p| rows[p]), xb, &a, gfni);
                             for (v, p) in got.into_iter().zip(pick) {
                                 let want = avx2_quants::dot_q5_0_q8_0(t, rows[p], xb);
                                 assert_eq!(
@@ -500,7 +409,7 @@ mod tests {
                     for g in 0..6 * 6 {
                         let pick = [g % 6, g / 6, (g + 1) % 6, (g * 5 + 2) % 6];
                         for gfni in [true, false] {
-                            let got = dot_q4_1_q8_1_rows4(t, pick.map(|p| rows[p]), xb, &a, gfni);
+                            let got = dot_rows4(t, pick.map(|p| rows[p]), xb, &a, gfni);
                             for (v, p) in got.into_iter().zip(pick) {
                                 let want = avx2::dot_q4_1_q8_1(t, rows[p], xb);
                                 assert_eq!(
@@ -520,7 +429,7 @@ mod tests {
                     for g in 0..6 * 6 {
                         let pick = [g % 6, g / 6, (g + 1) % 6, (g * 5 + 2) % 6];
                         for gfni in [true, false] {
-                            let got = dot_q5_1_q8_1_rows4(t, pick.map(|p| rows[p]), xb, &a, gfni);
+                            let got = dot_rows4(t, pick.map(|p| rows[p]), xb, &a, gfni);
                             for (v, p) in got.into_iter().zip(pick) {
                                 let want = avx2_quants::dot_q5_1_q8_1(t, rows[p], xb);
                                 assert_eq!(

@@ -834,7 +834,7 @@ impl Kernels {
                     legacy_rows::ActBlock,
                     BlockQ8_1,
                     legacy_rows::prepare_q8_1,
-                    |w4, xb, a| legacy_rows::dot_q4_1_q8_1_rows4(t, w4, xb, a, true),
+                    |w4, xb, a| legacy_rows::dot_rows4(t, w4, xb, a, true),
                     |wr, xb| avx2::dot_q4_1_q8_1(t, wr, xb)
                 )
             }
@@ -850,7 +850,7 @@ impl Kernels {
                     legacy_rows::ActBlock,
                     BlockQ8_0,
                     |xb, a| legacy_rows::prepare_q8_0(t, xb, a),
-                    |w4, xb, a| legacy_rows::dot_q5_0_q8_0_rows4(t, w4, xb, a, true),
+                    |w4, xb, a| legacy_rows::dot_rows4(t, w4, xb, a, true),
                     |wr, xb| avx2_quants::dot_q5_0_q8_0(t, wr, xb)
                 )
             }
@@ -862,7 +862,7 @@ impl Kernels {
                     legacy_rows::ActBlock,
                     BlockQ8_1,
                     legacy_rows::prepare_q8_1,
-                    |w4, xb, a| legacy_rows::dot_q5_1_q8_1_rows4(t, w4, xb, a, true),
+                    |w4, xb, a| legacy_rows::dot_rows4(t, w4, xb, a, true),
                     |wr, xb| avx2_quants::dot_q5_1_q8_1(t, wr, xb)
                 )
             }
@@ -1308,7 +1308,7 @@ fn avx512_q4_1_tokens<const N: usize>(
     .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
 }
 
-/// [`Kernels::matvec_tokens`] (and, with `N` = 1, [`Kernels::matvec`]) of Q5_0 weights with
+/// [`Kernels::matvec_tokens`] of Q5_0 weights with
 /// AVX-512, where a row has at most 512 blocks (the caller checks): the tokens' scales
 /// converted once, then tiles of 4 weight rows (2, 1 for the rest) through
 /// `avx512::dot_q5_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
