@@ -1175,10 +1175,10 @@ impl Kernels {
                     }
                     // N is at most MATVEC_TOKENS here (checked on entry), as the scaled
                     // kernels require.
-                    // Q5_0's tiles (exact for every activation; see `avx512::biased_tile` for
-                    // why Q8_0 has none).
-                    if q5 && t.avx512() && nb <= 512 {
-                        avx512_q5_0_tokens(w, rb, x.map(blocks), y);
+                    // The AVX-512 tiles: Q5_0's exact for every activation, Q8_0's where the
+                    // AVX2 kernels' sign trick is (`avx512::biased_tile`).
+                    if (q5 || sign_ok) && t.avx512() && nb <= 512 {
+                        avx512_biased_tokens(w_ty, w, rb, x.map(blocks), y);
                         return true;
                     }
                     match (sign_ok, nb) {
@@ -1308,32 +1308,42 @@ fn avx512_q4_1_tokens<const N: usize>(
     .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked above)"));
 }
 
-/// [`Kernels::matvec_tokens`] of Q5_0 weights with
-/// AVX-512, where a row has at most 512 blocks (the caller checks): the tokens' scales
-/// converted once, then tiles of 4 weight rows (2, 1 for the rest) through
-/// `avx512::dot_q5_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
+/// [`Kernels::matvec_tokens`] of weights with a biased AVX-512 tile (Q5_0; Q8_0 where no
+/// activation quant is -128), where a row has at most 512 blocks (the caller checks): the
+/// tokens' scales converted once, then tiles of 4 weight rows (2, 1 for the rest) through
+/// `avx512::dot_q5_0_q8_0_tile` / `dot_q8_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
 #[cfg(target_arch = "x86_64")]
-fn avx512_q5_0_tokens<const N: usize>(
+fn avx512_biased_tokens<const N: usize>(
+    w_ty: GgmlType,
     w: &[u8],
     rb: usize,
     x: [&[BlockQ8_0]; N],
     y: [&mut [f32]; N],
 ) {
-    let row = |r: usize| blocks(&w[r * rb..(r + 1) * rb]);
     with_block_scales(x[0].len(), |dx: &mut [[f32; 4]]| {
         avx2::q8_0_token_scales(x, dx);
         let dx = &*dx;
-        macro_rules! tile {
-            ($r:literal) => {
-                // SAFETY: this runs only where the AVX-512 features were detected (the
-                // caller's token); every activation row has at least a weight row's blocks
-                // (checked by the caller), `dx` exactly as many.
-                |i| unsafe {
-                    avx512::dot_q5_0_q8_0_tile::<$r, N>(std::array::from_fn(|k| row(i + k)), x, dx)
+        macro_rules! tiles {
+            ($tile:ident) => {{
+                let row = |r: usize| blocks(&w[r * rb..(r + 1) * rb]);
+                macro_rules! tile {
+                    ($r:literal) => {
+                        // SAFETY: this runs only where the AVX-512 features were detected (the
+                        // caller's token); every activation row has at least a weight row's
+                        // blocks (checked by the caller), `dx` exactly as many.
+                        |i| unsafe {
+                            avx512::$tile::<$r, N>(std::array::from_fn(|k| row(i + k)), x, dx)
+                        }
+                    };
                 }
-            };
+                in_row_tiles(w.len() / rb, y, tile!(4), tile!(2), tile!(1))
+            }};
         }
-        in_row_tiles(w.len() / rb, y, tile!(4), tile!(2), tile!(1));
+        if w_ty == GgmlType::Q5_0 {
+            tiles!(dot_q5_0_q8_0_tile)
+        } else {
+            tiles!(dot_q8_0_q8_0_tile)
+        }
     })
     .unwrap_or_else(|| unreachable!("matvec: the caller takes rows of at most 512 blocks here"));
 }
@@ -1392,14 +1402,22 @@ impl Kernels {
                 y.iter().all(|y| y.len() == rows.len()),
                 "matvec: y must have one slot per row"
             );
-            if w_ty == GgmlType::Q5_0 && xb / std::mem::size_of::<BlockQ8_0>() <= 512 {
+            let biased_tile = match w_ty {
+                GgmlType::Q5_0 => true,
+                // The Q8_0 tile's lanes are the AVX2 kernel's where its sign trick is exact.
+                GgmlType::Q8_0 => x_q
+                    .iter()
+                    .all(|x| avx2::sign_trick_exact(t, blocks(&x[..xb]))),
+                _ => false,
+            };
+            if biased_tile && xb / std::mem::size_of::<BlockQ8_0>() <= 512 {
                 // Two tiles of 4 tokens: their scale products come from memory as broadcasts
                 // instead of a shuffle per pair of tokens and row (SmolLM2 Q4_K_M pp512 +6-10%
                 // on Zen 4 against `dot_q5_0_q8_0_x8`; same bits).
                 let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
                 let [y0, y1, y2, y3, y4, y5, y6, y7] = y;
-                avx512_q5_0_tokens(w_rows, rb, [x[0], x[1], x[2], x[3]], [y0, y1, y2, y3]);
-                avx512_q5_0_tokens(w_rows, rb, [x[4], x[5], x[6], x[7]], [y4, y5, y6, y7]);
+                avx512_biased_tokens(w_ty, w_rows, rb, [x[0], x[1], x[2], x[3]], [y0, y1, y2, y3]);
+                avx512_biased_tokens(w_ty, w_rows, rb, [x[4], x[5], x[6], x[7]], [y4, y5, y6, y7]);
                 return true;
             }
             let mut y = y;
