@@ -350,14 +350,44 @@ unsafe fn dot_q8_0_q8_0_xn_scaled_impl<const N: usize>(
 /// # Panics
 /// If a row has fewer than `out.len()` blocks, or `N > W`.
 pub(super) fn q8_0_token_scales<const N: usize, const W: usize>(
+    _: Token,
     x: [&[BlockQ8_0]; N],
     out: &mut [[f32; W]],
 ) {
-    const { assert!(N <= W) };
+    const { assert!(N <= W && (W == 4 || W == 8)) };
+    assert!(
+        x.iter().all(|r| r.len() >= out.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { q8_0_token_scales_impl(x, out) }
+}
+
+/// [`q8_0_token_scales`]: the f16 scales gathered per block and widened by one F16C
+/// conversion (exact, as the scalar one).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `out.len()` blocks; `W` is 4 or 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_token_scales_impl<const N: usize, const W: usize>(
+    x: [&[BlockQ8_0]; N],
+    out: &mut [[f32; W]],
+) {
     for (i, o) in out.iter_mut().enumerate() {
-        *o = [0.0; W];
+        let mut h = [0u16; 8];
         for t in 0..N {
-            o[t] = super::block::f16_le(x[t][i].d);
+            // SAFETY: i < out.len() <= x[t].len() (caller).
+            h[t] = u16::from_le_bytes(unsafe { x[t].get_unchecked(i) }.d);
+        }
+        // SAFETY: `h` is 16 readable bytes and `o` W writable f32 (4 or 8: the caller);
+        // unaligned loads and stores have no alignment requirement.
+        unsafe {
+            let v = _mm_loadu_si128(h.as_ptr().cast());
+            if W == 8 {
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(v));
+            } else {
+                _mm_storeu_ps(o.as_mut_ptr(), _mm_cvtph_ps(v));
+            }
         }
     }
 }

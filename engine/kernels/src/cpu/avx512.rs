@@ -378,14 +378,43 @@ fn prefetch_group<B, const R: usize>(row0: &[B], i: usize) {
 ///
 /// # Panics
 /// If a row has fewer than `out.len()` blocks.
-pub(super) fn q8_1_token_scales<const T: usize>(x: [&[BlockQ8_1]; T], out: &mut [[f32; 8]]) {
+pub(super) fn q8_1_token_scales<const T: usize>(
+    _: super::x86::Token,
+    x: [&[BlockQ8_1]; T],
+    out: &mut [[f32; 8]],
+) {
     const { assert!(T <= 4) };
+    assert!(
+        x.iter().all(|r| r.len() >= out.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { q8_1_token_scales_impl(x, out) }
+}
+
+/// [`q8_1_token_scales`]: each block's 8 f16 scales gathered and widened by one F16C
+/// conversion (exact, as the scalar one).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `out.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_1_token_scales_impl<const T: usize>(x: [&[BlockQ8_1]; T], out: &mut [[f32; 8]]) {
     for (i, o) in out.iter_mut().enumerate() {
-        *o = [0.0; 8];
+        let mut h = [0u16; 8];
         for t in 0..T {
-            o[t] = f16_le(x[t][i].d);
-            o[4 + t] = f16_le(x[t][i].s);
+            // SAFETY: i < out.len() <= x[t].len() (caller).
+            let b = unsafe { x[t].get_unchecked(i) };
+            h[t] = u16::from_le_bytes(b.d);
+            h[4 + t] = u16::from_le_bytes(b.s);
         }
+        // SAFETY: `h` is 16 readable bytes and `o` 8 writable f32; unaligned loads and stores
+        // have no alignment requirement.
+        unsafe {
+            _mm256_storeu_ps(
+                o.as_mut_ptr(),
+                _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())),
+            )
+        };
     }
 }
 

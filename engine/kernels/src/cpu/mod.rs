@@ -1162,7 +1162,7 @@ impl Kernels {
                     macro_rules! scaled {
                         ($cap:literal) => {{
                             let mut dx = [[0f32; 4]; $cap];
-                            avx2::q8_0_token_scales(x.map(blocks), &mut dx[..nb]);
+                            avx2::q8_0_token_scales(t, x.map(blocks), &mut dx[..nb]);
                             let dx = &dx[..nb];
                             if q5 {
                                 rows_with!(|t, w, x| avx2_quants::dot_q5_0_q8_0_xn_scaled(
@@ -1178,7 +1178,7 @@ impl Kernels {
                     // The AVX-512 tiles: Q5_0's exact for every activation, Q8_0's where the
                     // AVX2 kernels' sign trick is (`avx512::biased_tile`).
                     if (q5 || sign_ok) && t.avx512() && nb <= 512 {
-                        avx512_biased_tokens(w_ty, w, rb, x.map(blocks), y);
+                        avx512_biased_tokens(t, w_ty, w, rb, x.map(blocks), y);
                         return true;
                     }
                     match (sign_ok, nb) {
@@ -1291,7 +1291,7 @@ fn avx512_q4_1_tokens<const N: usize>(
     }
     let row = |r: usize| blocks(&w[r * rb..(r + 1) * rb]);
     with_block_scales(nb, |sc: &mut [[f32; 8]]| {
-        avx512::q8_1_token_scales(x, sc);
+        avx512::q8_1_token_scales(t, x, sc);
         let sc = &*sc;
         macro_rules! tile {
             ($r:literal) => {
@@ -1314,6 +1314,7 @@ fn avx512_q4_1_tokens<const N: usize>(
 /// `avx512::dot_q5_0_q8_0_tile` / `dot_q8_0_q8_0_tile`. `w` holds whole rows of `rb` bytes.
 #[cfg(target_arch = "x86_64")]
 fn avx512_biased_tokens<const N: usize>(
+    t: x86::Token,
     w_ty: GgmlType,
     w: &[u8],
     rb: usize,
@@ -1321,7 +1322,7 @@ fn avx512_biased_tokens<const N: usize>(
     y: [&mut [f32]; N],
 ) {
     with_block_scales(x[0].len(), |dx: &mut [[f32; 4]]| {
-        avx2::q8_0_token_scales(x, dx);
+        avx2::q8_0_token_scales(t, x, dx);
         let dx = &*dx;
         macro_rules! tiles {
             ($tile:ident) => {{
@@ -1416,8 +1417,22 @@ impl Kernels {
                 // on Zen 4 against `dot_q5_0_q8_0_x8`; same bits).
                 let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
                 let [y0, y1, y2, y3, y4, y5, y6, y7] = y;
-                avx512_biased_tokens(w_ty, w_rows, rb, [x[0], x[1], x[2], x[3]], [y0, y1, y2, y3]);
-                avx512_biased_tokens(w_ty, w_rows, rb, [x[4], x[5], x[6], x[7]], [y4, y5, y6, y7]);
+                avx512_biased_tokens(
+                    t,
+                    w_ty,
+                    w_rows,
+                    rb,
+                    [x[0], x[1], x[2], x[3]],
+                    [y0, y1, y2, y3],
+                );
+                avx512_biased_tokens(
+                    t,
+                    w_ty,
+                    w_rows,
+                    rb,
+                    [x[4], x[5], x[6], x[7]],
+                    [y4, y5, y6, y7],
+                );
                 return true;
             }
             let mut y = y;
@@ -1512,7 +1527,7 @@ fn avx2_q8_0_tokens8(
             // (Sized to the row: zeroing a large buffer per call would cost more than it saves
             // on narrow matrices.)
             let mut dx = [[0f32; MATVEC_TOKENS8]; $cap];
-            avx2::q8_0_token_scales(x, &mut dx[..nb]);
+            avx2::q8_0_token_scales(t, x, &mut dx[..nb]);
             let dx = &dx[..nb];
             for (i, wr) in w_rows.chunks_exact(rb).enumerate() {
                 let r = if w_ty == GgmlType::Q5_0 {
