@@ -440,6 +440,60 @@ pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize, const T: usize>(
     x: [&[BlockQ8_1]; T],
     scales: &[[f32; 8]],
 ) -> [[f32; T]; R] {
+    // SAFETY: as this function's (the features are enabled here).
+    unsafe { q4_1_tile_body::<R, T, false>(w, x, scales) }
+}
+
+/// [`dot_q4_1_q8_1_tile`] splitting the nibbles with one GFNI `gf2p8affineqb` (the same bits).
+///
+/// # Safety
+/// As [`dot_q4_1_q8_1_tile`], and the CPU has GFNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+pub(super) unsafe fn dot_q4_1_q8_1_tile_gfni<const R: usize, const T: usize>(
+    w: [&[BlockQ4_1]; R],
+    x: [&[BlockQ8_1]; T],
+    scales: &[[f32; 8]],
+) -> [[f32; T]; R] {
+    // SAFETY: as this function's (the features are enabled here).
+    unsafe { q4_1_tile_body::<R, T, true>(w, x, scales) }
+}
+
+/// The 32 nibbles of a Q4 block as 32 unsigned bytes in element order, as [`nibbles`], from one
+/// broadcast load: by GFNI's `gf2p8affineqb` with a bit matrix per half (`GFNI`), else by a
+/// shift of the upper half under a mask and one `and`.
+///
+/// # Safety
+/// AVX2 and AVX-512 BW and VL are present, and GFNI where `GFNI`.
+#[inline(always)]
+unsafe fn nibbles_split<const GFNI: bool>(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
+    let q = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(qs.as_ptr().cast()) });
+    if GFNI {
+        let matrix = _mm256_setr_epi64x(
+            super::legacy_rows::LOW_NIBBLE,
+            super::legacy_rows::LOW_NIBBLE,
+            super::legacy_rows::HIGH_NIBBLE,
+            super::legacy_rows::HIGH_NIBBLE,
+        );
+        _mm256_gf2p8affine_epi64_epi8::<0>(q, matrix)
+    } else {
+        _mm256_and_si256(
+            _mm256_mask_srli_epi16::<4>(q, 0xFF00, q),
+            _mm256_set1_epi8(0x0F),
+        )
+    }
+}
+
+/// The body of [`dot_q4_1_q8_1_tile`]; `GFNI` picks the nibble split.
+///
+/// # Safety
+/// As [`dot_q4_1_q8_1_tile`] (and GFNI where `GFNI`).
+#[inline(always)]
+unsafe fn q4_1_tile_body<const R: usize, const T: usize, const GFNI: bool>(
+    w: [&[BlockQ4_1]; R],
+    x: [&[BlockQ8_1]; T],
+    scales: &[[f32; 8]],
+) -> [[f32; T]; R] {
     const { assert!(R >= 1 && R <= 4 && T >= 1 && T <= 4) };
     let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -491,8 +545,8 @@ pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize, const T: usize>(
             // SAFETY: i - c0 < CHUNK, and entry i - c0 was written by the loop above.
             let p = unsafe { pd.get_unchecked(i - c0).assume_init_ref() };
             for r in 0..R {
-                // SAFETY: i < w[r].len() (caller); AVX2 is among this function's features.
-                let q = unsafe { nibbles(&w[r].get_unchecked(i).qs) };
+                // SAFETY: i < w[r].len() (caller); the features are the caller's.
+                let q = unsafe { nibbles_split::<GFNI>(&w[r].get_unchecked(i).qs) };
                 for t in 0..T {
                     let prod = _mm256_dpbusd_epi32(zero, q, y[t]);
                     // SAFETY: 4r + t < 16.

@@ -187,8 +187,8 @@ impl Q8Block for BlockQ8_1 {
 /// GFNI bit matrices (one per 64-bit lane): `gf2p8affineqb` sets bit `i` of each output byte to
 /// the parity of matrix byte `7 - i` AND the input byte, so byte `7 - i` = `1 << i` keeps bit
 /// `i` (the low nibble) and `1 << (i + 4)` moves bit `i + 4` down (the high nibble).
-const LOW_NIBBLE: i64 = 0x0102_0408_0000_0000;
-const HIGH_NIBBLE: i64 = 0x1020_4080_0000_0000;
+pub(super) const LOW_NIBBLE: i64 = 0x0102_0408_0000_0000;
+pub(super) const HIGH_NIBBLE: i64 = 0x1020_4080_0000_0000;
 
 /// The four rows' dots with the activation (`x`, `a`), in ggml's one-token order. `GFNI`
 /// selects the nibble split.
