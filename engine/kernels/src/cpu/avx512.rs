@@ -46,6 +46,7 @@ use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
 use super::q8_k::BlockQ8_K;
 // AVX2 helpers: their features are a subset of this file's, so they inline here.
+use super::legacy_rows::WeightBlock;
 use super::x86::{
     hsum, k4_min_sum, k4_scale, k4_scales_mins_i16, load_q8, nibbles, prefetch_stream, q5_quants,
 };
@@ -372,7 +373,7 @@ fn prefetch_group<B, const R: usize>(row0: &[B], i: usize) {
     }
 }
 
-/// `T` (at most 4) Q8_1 activation rows' block scales as f32, for [`dot_q4_1_q8_1_tile`]:
+/// `T` (at most 4) Q8_1 activation rows' block scales as f32, for [`dot_q8_1_tile`]:
 /// `out[i] = [d_0, d_1, d_2, d_3, s_0, s_1, s_2, s_3]` of block `i` (the f16 values converted
 /// exactly; zero for tokens `T..4`), formed once per matrix call instead of once per weight row.
 ///
@@ -418,8 +419,10 @@ unsafe fn q8_1_token_scales_impl<const T: usize>(x: [&[BlockQ8_1]; T], out: &mut
     }
 }
 
-/// Q4_1 . Q8_1 of `R` weight rows (1 to 4) with `T` tokens (1 to 4): `out[r][t]`, each bit-identical to
-/// the one-token AVX2 kernel's dot of row `r` with token `t`.
+/// Q4_1 . Q8_1 or Q5_1 . Q8_1 (`B`) of `R` weight rows (1 to 4) with `T` tokens (1 to 4):
+/// `out[r][t]`, each bit-identical to the one-token AVX2 kernel's dot of row `r` with token `t`
+/// (`avx2::dot_q4_1_q8_1`, `avx2_quants::dot_q5_1_q8_1`: the same f32 steps, Q5_1's quants with
+/// their fifth bits added under the `qh` mask).
 ///
 /// The one-token kernel keeps 8 lanes per (row, token), each `fma(d_w * d_x, sum, acc)` per
 /// block, and `m_w * s_x` summed apart; both products are exact in f32 (two f16 significands
@@ -435,27 +438,33 @@ unsafe fn q8_1_token_scales_impl<const T: usize>(x: [&[BlockQ8_1]; T], out: &mut
 /// The CPU has the features of [`super::x86::avx512_detected`]; every `w[r].len()` equals
 /// `w[0].len()`, and `x[t].len()` and `scales.len()` are at least that.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn dot_q4_1_q8_1_tile<const R: usize, const T: usize>(
-    w: [&[BlockQ4_1]; R],
+pub(super) unsafe fn dot_q8_1_tile<B, const R: usize, const T: usize>(
+    w: [&[B]; R],
     x: [&[BlockQ8_1]; T],
     scales: &[[f32; 8]],
-) -> [[f32; T]; R] {
+) -> [[f32; T]; R]
+where
+    B: WeightBlock<Act = BlockQ8_1>,
+{
     // SAFETY: as this function's (the features are enabled here).
-    unsafe { q4_1_tile_body::<R, T, false>(w, x, scales) }
+    unsafe { q8_1_tile_body::<B, R, T, false>(w, x, scales) }
 }
 
-/// [`dot_q4_1_q8_1_tile`] splitting the nibbles with one GFNI `gf2p8affineqb` (the same bits).
+/// [`dot_q8_1_tile`] splitting the nibbles with one GFNI `gf2p8affineqb` (the same bits).
 ///
 /// # Safety
-/// As [`dot_q4_1_q8_1_tile`], and the CPU has GFNI.
+/// As [`dot_q8_1_tile`], and the CPU has GFNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
-pub(super) unsafe fn dot_q4_1_q8_1_tile_gfni<const R: usize, const T: usize>(
-    w: [&[BlockQ4_1]; R],
+pub(super) unsafe fn dot_q8_1_tile_gfni<B, const R: usize, const T: usize>(
+    w: [&[B]; R],
     x: [&[BlockQ8_1]; T],
     scales: &[[f32; 8]],
-) -> [[f32; T]; R] {
+) -> [[f32; T]; R]
+where
+    B: WeightBlock<Act = BlockQ8_1>,
+{
     // SAFETY: as this function's (the features are enabled here).
-    unsafe { q4_1_tile_body::<R, T, true>(w, x, scales) }
+    unsafe { q8_1_tile_body::<B, R, T, true>(w, x, scales) }
 }
 
 /// The 32 nibbles of a Q4 block as 32 unsigned bytes in element order, as [`nibbles`], from one
@@ -484,16 +493,19 @@ unsafe fn nibbles_split<const GFNI: bool>(qs: &[u8; 16]) -> __m256i {
     }
 }
 
-/// The body of [`dot_q4_1_q8_1_tile`]; `GFNI` picks the nibble split.
+/// The body of [`dot_q8_1_tile`]; `GFNI` picks the nibble split.
 ///
 /// # Safety
-/// As [`dot_q4_1_q8_1_tile`] (and GFNI where `GFNI`).
+/// As [`dot_q8_1_tile`] (and GFNI where `GFNI`).
 #[inline(always)]
-unsafe fn q4_1_tile_body<const R: usize, const T: usize, const GFNI: bool>(
-    w: [&[BlockQ4_1]; R],
+unsafe fn q8_1_tile_body<B, const R: usize, const T: usize, const GFNI: bool>(
+    w: [&[B]; R],
     x: [&[BlockQ8_1]; T],
     scales: &[[f32; 8]],
-) -> [[f32; T]; R] {
+) -> [[f32; T]; R]
+where
+    B: WeightBlock<Act = BlockQ8_1>,
+{
     const { assert!(R >= 1 && R <= 4 && T >= 1 && T <= 4) };
     let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -512,12 +524,13 @@ unsafe fn q4_1_tile_body<const R: usize, const T: usize, const GFNI: bool>(
     for c0 in (0..nb).step_by(CHUNK) {
         let c1 = nb.min(c0 + CHUNK);
         for i in c0..c1 {
-            prefetch_group::<BlockQ4_1, R>(w[0], i);
+            prefetch_group::<B, R>(w[0], i);
             let dm: [i32; 4] = std::array::from_fn(|r| {
                 if r < R {
                     // SAFETY: i < w[r].len() (caller).
                     let b = unsafe { w[r].get_unchecked(i) };
-                    i32::from_le_bytes([b.d[0], b.d[1], b.m[0], b.m[1]])
+                    let (d, m) = b.dm();
+                    (u32::from(d) | u32::from(m) << 16) as i32
                 } else {
                     0
                 }
@@ -545,8 +558,15 @@ unsafe fn q4_1_tile_body<const R: usize, const T: usize, const GFNI: bool>(
             // SAFETY: i - c0 < CHUNK, and entry i - c0 was written by the loop above.
             let p = unsafe { pd.get_unchecked(i - c0).assume_init_ref() };
             for r in 0..R {
-                // SAFETY: i < w[r].len() (caller); the features are the caller's.
-                let q = unsafe { nibbles_split::<GFNI>(&w[r].get_unchecked(i).qs) };
+                // SAFETY: i < w[r].len() (caller).
+                let b = unsafe { w[r].get_unchecked(i) };
+                // SAFETY: the features are the caller's.
+                let n = unsafe { nibbles_split::<GFNI>(b.qs()) };
+                let q = if B::FIFTH_BITS {
+                    _mm256_mask_add_epi8(n, b.qh(), n, _mm256_set1_epi8(16))
+                } else {
+                    n
+                };
                 for t in 0..T {
                     let prod = _mm256_dpbusd_epi32(zero, q, y[t]);
                     // SAFETY: 4r + t < 16.
@@ -565,7 +585,7 @@ unsafe fn q4_1_tile_body<const R: usize, const T: usize, const GFNI: bool>(
 
 /// The tile kernels of weights whose quants are `u - B` for unsigned bytes `u` (Q5_0: its 5-bit
 /// quants with B = 16; Q8_0 would be `q ^ 0x80` with B = 128), times Q8_0 activations, as
-/// [`dot_q4_1_q8_1_tile`]: `vpdpbusd` takes the unsigned `u`, and each (row, token) sum starts
+/// [`dot_q8_1_tile`]: `vpdpbusd` takes the unsigned `u`, and each (row, token) sum starts
 /// from `-B * sum(y)` of its four elements, formed once per token and block for all rows (exact:
 /// every i32 lane stays within 4 * 255 * 128). `dx[i][t]` is token `t`'s scale of block `i`
 /// (`avx2::q8_0_token_scales`).
@@ -595,7 +615,7 @@ macro_rules! biased_tile {
             // Lane 4r + t of the products: row r's d times token t's.
             let idx_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
             let nb = w[0].len();
-            // As in `dot_q4_1_q8_1_tile`: the products of a chunk of blocks first, read back
+            // As in `dot_q8_1_tile`: the products of a chunk of blocks first, read back
             // as broadcast loads.
             const CHUNK: usize = 16;
             let mut pd = [std::mem::MaybeUninit::<[f32; 16]>::uninit(); CHUNK];

@@ -103,6 +103,8 @@ pub use panels::{
 };
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
+#[cfg(target_arch = "x86_64")]
+use q5_1::BlockQ5_1;
 pub use q8_0::BlockQ8_0;
 pub use q8_1::BlockQ8_1;
 pub use q8_k::{BlockQ8_K, QK_K};
@@ -1125,7 +1127,12 @@ impl Kernels {
                 }};
             }
             match w_ty {
-                GgmlType::Q4_1 if t.avx512() => avx512_q4_1_tokens(t, w, rb, x.map(blocks), y),
+                GgmlType::Q4_1 if t.avx512() => {
+                    avx512_q8_1_tokens::<BlockQ4_1, N>(t, w, rb, x.map(blocks), y)
+                }
+                GgmlType::Q5_1 if t.avx512() => {
+                    avx512_q8_1_tokens::<BlockQ5_1, N>(t, w, rb, x.map(blocks), y)
+                }
                 GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
                 // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
                 GgmlType::Q4_0 | GgmlType::IQ4_NL if repacked => {
@@ -1266,23 +1273,29 @@ fn in_row_tiles<const N: usize>(
     }
 }
 
-/// [`Kernels::matvec_tokens`] of Q4_1 weights with `N` (at most 4) tokens and AVX-512: the
-/// tokens' block scales converted once, then tiles of 4 weight rows (2, 1 for the rest) through
-/// `avx512::dot_q4_1_q8_1_tile`. `w` holds whole rows of `rb` bytes.
+/// [`Kernels::matvec_tokens`] of Q4_1 or Q5_1 weights (`B`) with `N` (at most 4) tokens and
+/// AVX-512: the tokens' block scales converted once, then tiles of 4 weight rows (2, 1 for the
+/// rest) through `avx512::dot_q8_1_tile`. `w` holds whole rows of `rb` bytes.
 #[cfg(target_arch = "x86_64")]
-fn avx512_q4_1_tokens<const N: usize>(
+fn avx512_q8_1_tokens<B, const N: usize>(
     t: x86::Token,
     w: &[u8],
     rb: usize,
     x: [&[BlockQ8_1]; N],
     y: [&mut [f32]; N],
-) {
-    let nb = rb / std::mem::size_of::<BlockQ4_1>();
+) where
+    B: legacy_rows::WeightBlock<Act = BlockQ8_1> + block::Block,
+{
+    let nb = rb / std::mem::size_of::<B>();
     if nb > 512 {
         // Longer rows than the scales' stack buffer: one row at a time.
         let mut y = y;
         for (i, wr) in w.chunks_exact(rb).enumerate() {
-            let r = avx2::dot_q4_1_q8_1_xn(t, blocks(wr), x);
+            let r = if B::FIFTH_BITS {
+                avx2_quants::dot_q5_1_q8_1_xn(t, blocks(wr), x)
+            } else {
+                avx2::dot_q4_1_q8_1_xn(t, blocks(wr), x)
+            };
             for (yt, rt) in y.iter_mut().zip(r) {
                 yt[i] = rt;
             }
@@ -1301,9 +1314,9 @@ fn avx512_q4_1_tokens<const N: usize>(
                 |i| unsafe {
                     let rows = std::array::from_fn(|k| row(i + k));
                     if t.gfni() {
-                        avx512::dot_q4_1_q8_1_tile_gfni::<$r, N>(rows, x, sc)
+                        avx512::dot_q8_1_tile_gfni::<B, $r, N>(rows, x, sc)
                     } else {
-                        avx512::dot_q4_1_q8_1_tile::<$r, N>(rows, x, sc)
+                        avx512::dot_q8_1_tile::<B, $r, N>(rows, x, sc)
                     }
                 }
             };
@@ -1390,7 +1403,11 @@ impl Kernels {
             if !t.avx512()
                 || !matches!(
                     w_ty,
-                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
+                    GgmlType::Q4_0
+                        | GgmlType::Q4_1
+                        | GgmlType::Q5_0
+                        | GgmlType::Q5_1
+                        | GgmlType::Q8_0
                 )
             {
                 return false;
@@ -1440,14 +1457,22 @@ impl Kernels {
                 );
                 return true;
             }
-            if w_ty == GgmlType::Q4_1 && xb / std::mem::size_of::<BlockQ8_1>() <= 512 {
-                // Two tiles of 4 tokens, as Q5_0 above: 0.47-0.52 against 0.71-0.77 ns per
-                // row, block and token for `dot_q4_1_q8_1_x8` on SmolLM2's matrices (Zen 4,
-                // `bench_matvec_tokens4`); same bits.
+            if matches!(w_ty, GgmlType::Q4_1 | GgmlType::Q5_1)
+                && xb / std::mem::size_of::<BlockQ8_1>() <= 512
+            {
+                // Two tiles of 4 tokens, as Q5_0 above: Q4_1 0.47-0.52 against 0.71-0.77 ns
+                // per row, block and token for `dot_q4_1_q8_1_x8` on SmolLM2's matrices (Zen
+                // 4, `bench_matvec_tokens4`); same bits.
                 let x = x_q.map(|x| blocks::<BlockQ8_1>(&x[..xb]));
                 let [y0, y1, y2, y3, y4, y5, y6, y7] = y;
-                avx512_q4_1_tokens(t, w_rows, rb, [x[0], x[1], x[2], x[3]], [y0, y1, y2, y3]);
-                avx512_q4_1_tokens(t, w_rows, rb, [x[4], x[5], x[6], x[7]], [y4, y5, y6, y7]);
+                let (x0, x1) = ([x[0], x[1], x[2], x[3]], [x[4], x[5], x[6], x[7]]);
+                if w_ty == GgmlType::Q4_1 {
+                    avx512_q8_1_tokens::<BlockQ4_1, 4>(t, w_rows, rb, x0, [y0, y1, y2, y3]);
+                    avx512_q8_1_tokens::<BlockQ4_1, 4>(t, w_rows, rb, x1, [y4, y5, y6, y7]);
+                } else {
+                    avx512_q8_1_tokens::<BlockQ5_1, 4>(t, w_rows, rb, x0, [y0, y1, y2, y3]);
+                    avx512_q8_1_tokens::<BlockQ5_1, 4>(t, w_rows, rb, x1, [y4, y5, y6, y7]);
+                }
                 return true;
             }
             let mut y = y;

@@ -197,6 +197,7 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
         for ty in [
             GgmlType::Q4_0,
             GgmlType::Q4_1,
+            GgmlType::Q5_1,
             GgmlType::Q8_0,
             GgmlType::Q5_0,
             GgmlType::F16,
@@ -303,6 +304,8 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             (GgmlType::Q4_0, 24, 5..21),
             (GgmlType::Q4_1, 7, 0..7),
             (GgmlType::Q4_1, 40, 3..40),
+            (GgmlType::Q5_1, 7, 0..7),
+            (GgmlType::Q5_1, 40, 3..40),
             // Q5_0 takes rows in pairs: odd and even counts, ranges not starting at 0.
             (GgmlType::Q5_0, 7, 0..7),
             (GgmlType::Q5_0, 16, 0..16),
@@ -369,14 +372,14 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 );
             }
         }
-        // Q5_1 has no 8-token kernel.
-        let w = vec![0u8; bytes_of(GgmlType::Q5_1, 32)];
-        let x = vec![0u8; bytes_of(GgmlType::Q8_1, 32)];
+        // Q6_K has no 8-token kernel.
+        let w = vec![0u8; bytes_of(GgmlType::Q6_K, 256)];
+        let x = vec![0u8; bytes_of(GgmlType::Q8_K, 256)];
         let mut ys = [[0.0f32; 1]; MATVEC_TOKENS8];
         let [a, b, c, d, e, f, g, h] = &mut ys;
         assert!(!k.matvec_tokens8(
-            GgmlType::Q5_1,
-            32,
+            GgmlType::Q6_K,
+            256,
             &w,
             [&x[..]; MATVEC_TOKENS8],
             0..1,
