@@ -286,8 +286,8 @@ impl Kernels {
     /// this build have them; `neon` is the best NEON variant (with `sdot` where the CPU has the
     /// dot-product instructions). Activation rounding is [`Q8Rounding::GgmlRef`]; use
     /// [`Kernels::with_q8_rounding`] (with [`Q8Rounding::host`] to match [`Kernels::detect`]).
-    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0, Q4_1, Q8_0,
-    /// repacked Q4_K, Q5_K and Q6_K, which give the same bits.
+    /// `avx512` is the AVX2 set with AVX-512 (F, BW, VL, VNNI) kernels for Q4_0, Q4_1, Q5_0,
+    /// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS, which give the same bits.
     pub fn by_name(name: &str) -> Option<Kernels> {
         match name {
             "scalar" => Some(Kernels::scalar()),
@@ -1380,8 +1380,9 @@ fn to_four<const N: usize>(y: [&mut [f32]; N]) -> [&mut [f32]; MATVEC_TOKENS] {
 
 impl Kernels {
     /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
-    /// from sharing each weight block's unpacking among 8 tokens (Q4_1, Q5_0, Q8_0 and repacked
-    /// Q4_0 with AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
+    /// from sharing each weight block's unpacking among 8 tokens (Q4_1, Q5_0, Q5_1, Q8_0 and
+    /// repacked Q4_0 with AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens
+    /// 4 at a time.
     /// Results are bit-identical to one token at a time.
     ///
     /// # Panics
