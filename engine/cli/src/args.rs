@@ -355,7 +355,7 @@ pub struct EmbedArgs {
     /// Pooling: mean, cls or last [default: the model's pooling_type].
     #[arg(long, value_name = "KIND", value_parser = pooling_arg)]
     pub pooling: Option<Pooling>,
-    /// Longest text in tokens, [CLS] and [SEP] included [default: the model's context length].
+    /// Longest text in tokens, `[CLS]` and `[SEP]` included [default: the model's context length].
     #[arg(long = "max-tokens", value_name = "N", allow_negative_numbers = true, value_parser = positive)]
     pub max_tokens: Option<usize>,
     /// Threads [default: the CPUs this process may use, less those other processes keep busy].

@@ -20,7 +20,7 @@ pub struct MemoryReport {
     /// Per-thread scratch of the kernels.
     pub scratch_bytes: u64,
     /// Heap of the loaded model besides its weights (tokenizer, metadata), as measured at load
-    /// ([`Model::runtime_bytes`]); shared by all sessions of the model, not planned, not
+    /// ([`crate::model::Model::runtime_bytes`]); shared by all sessions of the model, not planned, not
     /// charged to a budget, but part of the total the process uses.
     pub runtime_bytes: u64,
 }
@@ -99,7 +99,7 @@ pub struct PlannedGraph {
     pub arena_bytes: usize,
     /// Peak of simultaneously-live value bytes: no plan of this graph can be smaller.
     pub lower_bound_bytes: usize,
-    /// Whether the threads meet at a barrier after each op (see [`sync_points`]).
+    /// Whether the threads meet at a barrier after each op (see `sync_points`).
     pub(crate) sync_after: Vec<bool>,
 }
 
@@ -133,7 +133,7 @@ impl PlannedGraph {
     }
 
     /// Whether the ops after op `i` may read or write what it and the ops since the last
-    /// barrier write (see [`sync_points`]): then all threads must finish `i` first.
+    /// barrier write (see `sync_points`): then all threads must finish `i` first.
     #[inline]
     pub fn barrier_after(&self, i: usize) -> bool {
         self.sync_after[i]

@@ -8,7 +8,7 @@
 //! the 1.1B test model's mapping read 19.8 GB/s from 4 KiB pages and 30 GB/s from 2 MiB ones,
 //! and decoding was 15–25% faster.
 //!
-//! So [`settle`] checks a 2 MiB probe window of the mapping; when its pages are small, it drops
+//! So `settle` checks a 2 MiB probe window of the mapping; when its pages are small, it drops
 //! the window from the page cache and reads it back with the mapping marked `MADV_HUGEPAGE`.
 //! Only if that gives a huge page does it do the same for the whole file (one sequential
 //! re-read, about 0.7 s for 700 MB here). The weights stay one read-only mapping of the file:
@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-/// What [`settle`] found or did.
+/// What `settle` found or did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum HugePages {
     /// Not attempted: not a file mapping, too small, not Linux, or turned off.

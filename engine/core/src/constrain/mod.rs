@@ -4,7 +4,7 @@
 //!
 //! The work is done by [llguidance](https://github.com/guidance-ai/llguidance) (the library
 //! llama.cpp and mistral.rs use): its token trie ([`toktrie`]) is built once per model from
-//! edge-run's own vocabulary ([`ConstraintVocab`], cached in the [`Model`]), and at each step the
+//! edge-run's own vocabulary ([`ConstraintVocab`], cached in the [`crate::model::Model`]), and at each step the
 //! grammar's parser computes the set of tokens allowed next. The generator
 //! ([`crate::generate`]) then
 //! - masks the logits (disallowed tokens become -inf) before any sampler, greedy included;
@@ -14,7 +14,7 @@
 //!
 //! A constraint is a value ([`Constraint`]) attached to
 //! [`GenerateOptions::constraint`](crate::generate::GenerateOptions::constraint), so each
-//! generation (each request of a server) may carry its own. [`Model::check_constraint`]
+//! generation (each request of a server) may carry its own. [`crate::model::Model::check_constraint`]
 //! compiles one up front, to refuse a bad grammar or an unsupported schema keyword before
 //! anything runs. [`Constraint::lazy`] makes a constraint start only once a trigger text appears
 //! (tool calls in "auto" mode, see [`tools`]).

@@ -127,7 +127,7 @@ pub struct Attention {
 /// (ops that write the KV cache have no output value).
 #[derive(Debug, Clone)]
 pub enum Op {
-    /// out[t] = dequantized row `tokens[t]` of the embedding table.
+    /// `out[t]` = dequantized row `tokens[t]` of the embedding table.
     Embed {
         /// The table (embedding rows).
         table: WeightId,
@@ -152,7 +152,7 @@ pub enum Op {
         /// The output.
         out: ValueId,
     },
-    /// out[t][r] = dot(weight row r, x[t]); x already quantized to the weight's vec-dot type.
+    /// `out[t][r] = dot(weight row r, x[t])`; x already quantized to the weight's vec-dot type.
     MatMul {
         /// The weight.
         weight: WeightId,
@@ -208,14 +208,14 @@ pub enum Op {
         /// The output.
         out: ValueId,
     },
-    /// out[0] = x[n_tokens - 1]: only the last position goes on to the output head.
+    /// `out[0] = x[n_tokens - 1]`: only the last position goes on to the output head.
     TakeLast {
         /// The input.
         x: ValueId,
         /// The output.
         out: ValueId,
     },
-    /// out[t] = x[t] + (dequantized) row of `table` given by `row` (encoders: token-type and
+    /// `out[t] = x[t]` + (dequantized) row of `table` given by `row` (encoders: token-type and
     /// absolute position embeddings).
     AddTableRow {
         /// The input.
@@ -240,7 +240,7 @@ pub enum Op {
         /// The output.
         out: ValueId,
     },
-    /// out[t] = x[t] + bias (a vector of `cols` f32).
+    /// `out[t] = x[t] + bias` (a vector of `cols` f32).
     AddBias {
         /// The input.
         x: ValueId,
@@ -275,7 +275,7 @@ pub enum Op {
         /// The output.
         out: ValueId,
     },
-    /// out[0] = the pooling of the rows of x (one row out).
+    /// `out[0]` = the pooling of the rows of x (one row out).
     Pool {
         /// The input.
         x: ValueId,
@@ -325,7 +325,7 @@ pub enum Op {
         /// The output.
         out: ValueId,
     },
-    /// out[t] = x[t][start..start + out.cols]: a column range (one part of a fused projection).
+    /// `out[t] = x[t][start..start + out.cols]`: a column range (one part of a fused projection).
     Columns {
         /// The input.
         x: ValueId,

@@ -13,7 +13,7 @@ pub struct Weight {
     pub name: String,
     /// Element type.
     pub ty: GgmlType,
-    /// Elements per row (ggml ne[0]).
+    /// Elements per row (ggml's `ne[0]`).
     pub row_len: usize,
     /// Number of rows (product of the other dims).
     pub n_rows: usize,

@@ -221,7 +221,7 @@ impl Session {
     }
 
     /// Drops `n_discard` positions after the first `keep` ones: the later positions move down
-    /// and their keys are re-rotated (see [`KvCache::shift`]); [`Session::n_past`] drops by
+    /// and their keys are re-rotated (see [`crate::kv::KvCache::shift`]); [`Session::n_past`] drops by
     /// `n_discard`. The logits of the last run stay readable. [`ContextPolicy::Shift`] calls this
     /// with half of the positions after `keep` when a run would overflow the context.
     pub fn shift_context(&mut self, keep: usize, n_discard: usize) -> Result<()> {

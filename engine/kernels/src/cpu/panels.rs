@@ -56,7 +56,7 @@ const MAX_PANELS: usize = 4;
 /// Panel blocks one [`Panels`] holds (147 KiB): 4 panels of rows of up to 64 blocks (2,048
 /// values), fewer panels of longer rows, down to one panel of 256 blocks (8,192 values).
 const CAPACITY: usize = 256;
-/// Blocks per row the panels take at most (see [`CAPACITY`]).
+/// Blocks per row the panels take at most (256: 8,192 values; one panel of rows that long).
 pub const PANEL_MAX_BLOCKS: usize = CAPACITY;
 
 /// Rows one [`Panels`] holds for rows of `nb` blocks (0 for rows too long).

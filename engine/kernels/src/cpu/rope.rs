@@ -5,9 +5,9 @@
 /// Rotary position embedding variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeOrdering {
-    /// Rotates adjacent pairs (x[2i], x[2i+1]) — the original RoFormer/Llama layout in GGUF.
+    /// Rotates adjacent pairs (`x[2i]`, `x[2i+1]`) — the original RoFormer/Llama layout in GGUF.
     Normal,
-    /// Rotates (x[i], x[i + n_rot/2]) — GPT-NeoX layout (Qwen2, Phi-3, Gemma, ...).
+    /// Rotates (`x[i]`, `x[i + n_rot/2]`) — GPT-NeoX layout (Qwen2, Phi-3, Gemma, ...).
     NeoX,
 }
 

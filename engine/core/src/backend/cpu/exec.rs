@@ -282,7 +282,7 @@ impl Executor {
     /// Runs meet at barriers while the threads have the cores to themselves. Once the
     /// barrier's spin budget has collapsed (waits outlasting any spin: a thread of ours is off
     /// its core), runs switch to shared parts, and back after
-    /// [`QUIET_RUNS_TO_LEAVE_SHARED`] runs in which no phase wait outlasted its spin. Both give
+    /// `QUIET_RUNS_TO_LEAVE_SHARED` runs in which no phase wait outlasted its spin. Both give
     /// the same bits: a part computes what the same thread's share would.
     pub fn run(&self, model: &Model, kv: &KvCache, pg: &PlannedGraph, args: RunArgs<'_>) -> bool {
         assert!(args.tokens.len() <= pg.graph.ubatch && !args.tokens.is_empty());

@@ -17,7 +17,7 @@ fn use_cpu() -> Hint {
 /// Why the CUDA backend cannot run `model`, if it cannot: an architecture or op its kernels
 /// lack, a head size its attention kernel lacks, or a weight type the type table says CUDA
 /// has no kernels for. Checked when a CUDA session opens, and by
-/// [`super::device_for`] to keep the default device on the CPU.
+/// [`crate::backend::device_for`] to keep the default device on the CPU.
 pub fn cuda_unsupported(model: &Model) -> Option<Hint> {
     let p = &model.params;
     if model.layout.is_encoder() {

@@ -81,7 +81,7 @@ impl CudaExecutor {
         Ok((v[0].max(0) as u32, v[1] != 0))
     }
 
-    /// [`Backend::sample_masked`] on the device: uploads `allowed` (at most the buffer's
+    /// [`crate::backend::Backend::sample_masked`] on the device: uploads `allowed` (at most the buffer's
     /// words; ids past them are refused), writes the masked logits beside the run's, and takes
     /// their argmax or samples them there. `Ok(None)` where the sampler must see the logits
     /// ([`Sampler::device_sampling`]: a repetition penalty with history, a top-k above
