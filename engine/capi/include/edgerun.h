@@ -87,7 +87,7 @@ typedef struct edgerun_model edgerun_model;
 
 // A session (opaque): one conversation's KV cache, arena and threads. Use it from one thread
 // at a time. A call on it while another is running (from a generation callback, or from
-// another thread) fails instead of corrupting it: see [`crate::ptr::session_lock`].
+// another thread) fails instead of corrupting it: see `session_lock` in `engine/capi/src/ptr.rs`.
 typedef struct edgerun_session edgerun_session;
 
 // How to size a session; 0 in a field means its default. Get the defaults from

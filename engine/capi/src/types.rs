@@ -80,7 +80,7 @@ pub struct edgerun_model {
 
 /// A session (opaque): one conversation's KV cache, arena and threads. Use it from one thread
 /// at a time. A call on it while another is running (from a generation callback, or from
-/// another thread) fails instead of corrupting it: see `ptr::session_lock` in this crate's source.
+/// another thread) fails instead of corrupting it: see `session_lock` in `engine/capi/src/ptr.rs`.
 pub struct edgerun_session {
     /// Set while a call holds the session.
     pub(crate) busy: AtomicBool,
