@@ -75,6 +75,8 @@ mod q5_1;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+#[cfg(target_arch = "x86_64")]
+mod q8_0_rows;
 mod q8_1;
 mod q8_k;
 #[cfg(test)]
@@ -433,6 +435,17 @@ impl Kernels {
             ..*self
         }
         .isa_name()
+    }
+
+    /// Whether this set's 8-token Q8_0 kernel keeps rows in the lanes (`q8_0_rows.rs`: AVX2
+    /// without AVX-512), adding each block's exact dot once instead of ggml's lane sums.
+    #[cfg(test)]
+    pub(super) fn q8_0_tokens_blockwise(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa_for(GgmlType::Q8_0, Phase::Prefill) {
+            return !t.avx512();
+        }
+        false
     }
 
     /// The instruction set for `w_ty`'s matmuls in `phase`.
@@ -1381,9 +1394,10 @@ fn to_four<const N: usize>(y: [&mut [f32]; N]) -> [&mut [f32]; MATVEC_TOKENS] {
 impl Kernels {
     /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
     /// from sharing each weight block's unpacking among 8 tokens (Q4_1, Q5_0, Q5_1, Q8_0 and
-    /// repacked Q4_0 with AVX-512 VNNI); `false` (nothing written) elsewhere: then take the tokens
-    /// 4 at a time.
-    /// Results are bit-identical to one token at a time.
+    /// repacked Q4_0 with AVX-512 VNNI; Q5_0 and Q8_0 with AVX2); `false` (nothing written)
+    /// elsewhere: then take the tokens 4 at a time.
+    /// Results are bit-identical to one token at a time, but for Q8_0 on AVX2 without AVX-512,
+    /// which adds each block's exact dot once (`q8_0_rows.rs`: the packed panels' order).
     ///
     /// # Panics
     /// As [`Kernels::matvec_tokens`].
@@ -1547,7 +1561,7 @@ fn avx2_q8_0_tokens8(
 ) -> bool {
     let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
     let nb = xb / std::mem::size_of::<BlockQ8_0>();
-    if rb == 0 || nb > 512 {
+    if rb == 0 {
         return false;
     }
     assert!(
@@ -1559,7 +1573,12 @@ fn avx2_q8_0_tokens8(
         "matvec: y must have one slot per row"
     );
     let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
-    if !x.iter().all(|x| avx2::sign_trick_exact(t, x)) {
+    // Q8_0: rows in the lanes (`q8_0_rows.rs`), which checks the activations itself.
+    if w_ty == GgmlType::Q8_0 {
+        let mut y = y;
+        return q8_0_rows::matvec::<MATVEC_TOKENS8>(t, w_rows, rb, x, &mut y);
+    }
+    if nb > 512 || !x.iter().all(|x| avx2::sign_trick_exact(t, x)) {
         return false;
     }
     let mut y = y;

@@ -186,6 +186,36 @@ fn matvec_rows_relative_output() {
     }
 }
 
+/// What `k`'s 8-token kernels give for row `r` (of `rb` bytes) of the `ty` matrix `w` with
+/// the activation `x`, given the one-token result `one`: the same bits, but for Q8_0 where the
+/// set keeps rows in the lanes (`q8_0_rows.rs`) and no activation of the call (`all`) has a
+/// -128 quant, the blockwise order.
+fn multi_token_want(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    rb: usize,
+    r: usize,
+    (x, all): (&[u8], &[Vec<u8>]),
+    one: f32,
+) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q8_0
+        && k.q8_0_tokens_blockwise()
+        && !all
+            .iter()
+            .any(|x| x.chunks(34).any(|b| b[2..].contains(&0x80)))
+    {
+        let row = &w[r * rb..(r + 1) * rb];
+        return super::q8_0_rows::dot_q8_0_q8_0_blockwise(
+            blocks(row),
+            &blocks(x)[..row.len() / 34],
+        );
+    }
+    let _ = (k, ty, w, rb, r, x, all);
+    one
+}
+
 /// The multi-token kernels give, for every token, exactly the bits of the one-token matvec, on
 /// random rows of several lengths (including one block) and row ranges; without such a kernel
 /// the call declines.
@@ -363,6 +393,12 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             for (t, x) in xs.iter().enumerate() {
                 let mut want = vec![0.0f32; range.len()];
                 k.matvec(ty, n, &w, x, range.clone(), &mut want);
+                let rb = bytes_of(ty, n);
+                let want: Vec<f32> = range
+                    .clone()
+                    .zip(&want)
+                    .map(|(r, &one)| multi_token_want(&k, ty, &w, rb, r, (x, &xs), one))
+                    .collect();
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&got[t]),
@@ -1558,4 +1594,79 @@ fn bench_attention_rows() {
         best * 1e9 / rows as f64,
         best * 3.67e9 / rows as f64
     );
+}
+
+/// The AVX2 Q8_0 kernel with rows in the lanes (`q8_0_rows.rs`) against its portable order,
+/// bit for bit: 1 to 8 tokens; row counts that fill 8-row groups and ones that leave 1 to 7
+/// rows over; rows of 1 to 600 blocks (past the 512-block chunk whose sums carry over);
+/// weights with -128 quants (exact: only the activations' sign matters), and random scales.
+/// A -128 activation quant is declined (the sign trick would wrap) without writing.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_0_rows_match_their_portable_order() {
+    use super::q8_0_rows::{dot_q8_0_q8_0_blockwise, matvec};
+    let Some(t) = x86::Token::detect() else {
+        assert!(std::env::var_os("CI").is_none(), "CI machines have AVX2");
+        return;
+    };
+    let t = t.without_avx512();
+    let mut r = Rng::new(808);
+    fn check<const T: usize>(t: x86::Token, r: &mut Rng, rows: usize, nb: usize) {
+        let mut w = raw_q8_0(r, rows, nb);
+        // Some -128 weight quants.
+        w[2] = 0x80;
+        let last = w.len() - 1;
+        w[last] = 0x80;
+        let xs: Vec<Vec<u8>> = (0..T)
+            .map(|_| {
+                let mut x = raw_q8_0(r, 1, nb);
+                // Activations as the quantizer writes them: -127..=127.
+                x.iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| i % 34 >= 2)
+                    .for_each(|(_, q)| {
+                        if *q == 0x80 {
+                            *q = 0x81
+                        }
+                    });
+                x
+            })
+            .collect();
+        let mut ys = vec![vec![f32::NAN; rows]; T];
+        {
+            let mut it = ys.iter_mut();
+            let mut y: [&mut [f32]; T] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+            let x: [&[BlockQ8_0]; T] = std::array::from_fn(|k| blocks(&xs[k]));
+            assert!(matvec::<T>(t, &w, nb * 34, x, &mut y));
+        }
+        for (k, y) in ys.iter().enumerate() {
+            for (row, got) in y.iter().enumerate() {
+                let want = dot_q8_0_q8_0_blockwise(
+                    blocks(&w[row * nb * 34..(row + 1) * nb * 34]),
+                    blocks(&xs[k]),
+                );
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{T} tokens, {rows} rows of {nb} blocks: token {k} row {row}: {got} against {want}"
+                );
+            }
+        }
+        // One -128 activation quant: declined, nothing written.
+        let mut bad = xs.clone();
+        bad[T - 1][2 + 34 * (nb - 1) + 31] = 0x80;
+        let mut ys = vec![vec![f32::NAN; rows]; T];
+        let mut it = ys.iter_mut();
+        let mut y: [&mut [f32]; T] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+        let x: [&[BlockQ8_0]; T] = std::array::from_fn(|k| blocks(&bad[k]));
+        assert!(!matvec::<T>(t, &w, nb * 34, x, &mut y));
+        assert!(ys.iter().flatten().all(|v| v.is_nan()));
+    }
+    for (rows, nb) in [(1, 1), (8, 18), (13, 7), (37, 64), (16, 600), (5, 2)] {
+        check::<1>(t, &mut r, rows, nb);
+        check::<2>(t, &mut r, rows, nb);
+        check::<3>(t, &mut r, rows, nb);
+        check::<4>(t, &mut r, rows, nb);
+        check::<8>(t, &mut r, rows, nb);
+    }
 }

@@ -1,0 +1,233 @@
+//! Q8_0 · Q8_0 for several tokens on AVX2 machines without AVX-512 (Zen 3 and older, most
+//! Intel client CPUs), 8 weight rows at a time with row r in 32-bit lane r: the kernel of
+//! prefill's 8-token groups (`Kernels::matvec_tokens8`).
+//!
+//! Why: ggml's order (`avx2::dot_q8_0_q8_0_x8_scaled`) keeps 8 partial sums per block, so every
+//! (row, block, token) pays a convert, a scale product and an `fma` besides its integer dot. On
+//! Zen 3 the integer multiplies (`vpsignb`, `vpmaddubsw`, `vpmaddwd`) and the float ones share
+//! two pipes, so those 5 instructions took 0.95 ns per (row, block, token) (2.35 cycles by
+//! llvm-mca's model; measured, 256 rows of SmolLM2's `ffn_up` in cache), and SmolLM2 Q8_0
+//! prefilled at 0.97x llama.cpp. With rows in the lanes, a block's 8 dword groups add up inside
+//! each lane, and the float work is one convert and one `fma` per 8 rows: 0.69 ns.
+//!
+//! How: per block, the 8 rows' 32 quants are loaded where they lie (the file's rows, memory
+//! mapped: nothing is copied or repacked) and transposed by dwords (an 8x8 transpose, 24
+//! shuffles shared by all tokens), so that register `j` holds quants `4j..4j + 4` of row r in
+//! lane r. Per token and group, the activation's 4 matching quants are one broadcast, and
+//! `maddubs(|w|, sign(x, w))` then `madd` with ones add 4 exact products to every lane: the
+//! sign trick, exact for activations in -127..127 (the quantizer never writes -128; [`matvec`]
+//! checks and declines). Each block's exact integer dot is scaled with one `fma`, block after
+//! block: `acc = fma(d_w * d_x, isum as f32, acc)`, the order of the AVX-512 packed panels
+//! (`panels.rs`) and of `dot_q8_0_q8_0_blockwise`, so prefill's 8-token groups give the same
+//! bits on both x86 kernel sets. They differ from ggml's one-token order by f32 rounding only
+//! (the rule for batched prefill: where matching llama.cpp's batched order costs
+//! speed, speed wins; README, "Speed"). The groups of 2 to 4 tokens (a prompt's tail, sessions
+//! decoding together) keep ggml's order, as on AVX-512: with them in this order too, 4 of the
+//! 8 greedy continuations of SmolLM2 Q8_0 after a batched prompt were llama.cpp's, against 6.
+//!
+//! Tried: `vpmaddwd` of i16 pairs instead of the sign trick (two multiplies per 4 products
+//! either way, but twice the broadcasts): 1.0 against 0.69 ns.
+
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+#[cfg(test)]
+use super::block::f16_le;
+use super::q8_0::BlockQ8_0;
+use super::x86::Token;
+
+/// One weight row with one activation row in the order of these kernels (the reference the
+/// tests hold them to): per block, the exact integer dot, then `acc = fma(d_w * d_x, isum, acc)`.
+#[cfg(test)]
+pub(super) fn dot_q8_0_q8_0_blockwise(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    let mut acc = 0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let isum: i32 = bw
+            .qs
+            .iter()
+            .zip(&bx.qs)
+            .map(|(&a, &b)| i32::from(a) * i32::from(b))
+            .sum();
+        acc = (f16_le(bw.d) * f16_le(bx.d)).mul_add(isum as f32, acc);
+    }
+    acc
+}
+
+/// `y[t][i]` = row i of the Q8_0 matrix `w` (whole rows of `rb` bytes) with token t, for `T`
+/// tokens (1 to 8), in the order of [`dot_q8_0_q8_0_blockwise`]; returns `false` (and writes
+/// nothing) where an activation holds a -128 quant (the sign trick would wrap; the quantizer
+/// never writes one), for the caller's other kernels.
+///
+/// # Panics
+/// If an activation row has fewer blocks than a weight row, or a `y[t]` has fewer slots than
+/// `w` has rows.
+pub(super) fn matvec<const T: usize>(
+    t: Token,
+    w: &[u8],
+    rb: usize,
+    x: [&[BlockQ8_0]; T],
+    y: &mut [&mut [f32]; T],
+) -> bool {
+    const { assert!(T >= 1 && T <= 8) };
+    let rows = w.len().checked_div(rb).unwrap_or(0);
+    let nb = rb / std::mem::size_of::<BlockQ8_0>();
+    if rows == 0 {
+        return true;
+    }
+    assert!(x.iter().all(|x| x.len() >= nb), "activation row too short");
+    if !x.iter().all(|x| super::avx2::sign_trick_exact(t, &x[..nb])) {
+        return false;
+    }
+    assert!(y.iter().all(|y| y.len() >= rows), "y too short");
+    let row = |i: usize| -> &[BlockQ8_0] { super::block::blocks(&w[i * rb..(i + 1) * rb]) };
+    // The activations' scales as f32, once per chunk of blocks for all rows, on the stack
+    // (uninitialized: zeroing them per call would cost more than a narrow matrix's work). A
+    // row's blocks go chunk after chunk, its sums carried in `y`, so the order is the same as
+    // in one pass.
+    let mut dx = [MaybeUninit::<[f32; T]>::uninit(); CHUNK];
+    for c0 in (0..nb).step_by(CHUNK) {
+        let c1 = nb.min(c0 + CHUNK);
+        for i in c0..c1 {
+            // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected.
+            dx[i - c0].write(unsafe { token_scales(x.map(|x| &x[i])) });
+        }
+        // SAFETY: the first `c1 - c0` entries were written just above; `[f32; T]` is plain data.
+        let dx = unsafe { std::slice::from_raw_parts(dx.as_ptr().cast::<[f32; T]>(), c1 - c0) };
+        let xc = x.map(|x| &x[c0..c1]);
+        let mut i = 0;
+        while i < rows {
+            // The last group repeats the last row where fewer than 8 are left (its extra
+            // lanes are not stored).
+            let group: [&[BlockQ8_0]; 8] =
+                std::array::from_fn(|k| &row((i + k).min(rows - 1))[c0..c1]);
+            let n = (rows - i).min(8);
+            let init: [[f32; 8]; T] = std::array::from_fn(|k| {
+                let mut a = [0f32; 8];
+                if c0 > 0 {
+                    a[..n].copy_from_slice(&y[k][i..i + n]);
+                }
+                a
+            });
+            // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; every
+            // group row and every `xc[t]` has `c1 - c0` blocks, as `dx` has, and no
+            // activation quant is -128 (checked above).
+            let r = unsafe { rows8_impl::<T>(group, xc, dx, init) };
+            for (yt, rt) in y.iter_mut().zip(&r) {
+                yt[i..i + n].copy_from_slice(&rt[..n]);
+            }
+            i += 8;
+        }
+    }
+    true
+}
+
+/// The `T` blocks' scales as f32 (one F16C conversion; `f16_le`'s portable one cost 4% of a
+/// Q8_0 prefill).
+///
+/// # Safety
+/// F16C is present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn token_scales<const T: usize>(b: [&BlockQ8_0; T]) -> [f32; T] {
+    let mut h = [0i16; 8];
+    for (h, b) in h.iter_mut().zip(b) {
+        *h = i16::from_le_bytes(b.d);
+    }
+    let mut f = [0f32; 8];
+    // SAFETY: `h` is 16 readable bytes, `f` 32 writable ones; neither needs alignment.
+    unsafe {
+        _mm256_storeu_ps(
+            f.as_mut_ptr(),
+            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())),
+        )
+    };
+    std::array::from_fn(|t| f[t])
+}
+
+/// Blocks per chunk of the activations' scales (16 KiB of stack at 8 tokens).
+const CHUNK: usize = 512;
+
+/// 8 rows (lane r: row r) with `T` tokens, starting from `init`: `out[t][r]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `w[r]` and `x[t]` has `dx.len()` blocks; no
+/// activation quant is -128 (else the lanes are wrong, though still defined).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows8_impl<const T: usize>(
+    w: [&[BlockQ8_0]; 8],
+    x: [&[BlockQ8_0]; T],
+    dx: &[[f32; T]],
+    init: [[f32; 8]; T],
+) -> [[f32; 8]; T] {
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY: `init[t]` is 8 f32; loadu needs no alignment.
+    let mut acc: [__m256; T] =
+        std::array::from_fn(|t| unsafe { _mm256_loadu_ps(init[t].as_ptr()) });
+    for (i, dxi) in dx.iter().enumerate() {
+        // SAFETY: i < dx.len() == every w[r].len() (caller).
+        let b: [&BlockQ8_0; 8] = std::array::from_fn(|r| unsafe { w[r].get_unchecked(i) });
+        // The next blocks of the 8 rows, for decode's streamed weights (prefill's are in cache
+        // and the hints cost little: one per row and block, shared by the tokens).
+        for br in &b {
+            _mm_prefetch::<_MM_HINT_T0>((*br as *const BlockQ8_0).wrapping_add(16).cast());
+        }
+        // SAFETY: each `qs` is 32 readable bytes; loadu needs no alignment.
+        let q: [__m256i; 8] =
+            std::array::from_fn(|r| unsafe { _mm256_loadu_si256(b[r].qs.as_ptr().cast()) });
+        // 8x8 transpose by dwords: `g[j]` lane r = quants 4j..4j + 4 of row r.
+        let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
+        let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
+        let t2 = _mm256_unpacklo_epi32(q[2], q[3]);
+        let t3 = _mm256_unpackhi_epi32(q[2], q[3]);
+        let t4 = _mm256_unpacklo_epi32(q[4], q[5]);
+        let t5 = _mm256_unpackhi_epi32(q[4], q[5]);
+        let t6 = _mm256_unpacklo_epi32(q[6], q[7]);
+        let t7 = _mm256_unpackhi_epi32(q[6], q[7]);
+        // [rows 0-3 | rows 0-3] (or 4-7) of dwords (j | j + 4).
+        let u0 = _mm256_unpacklo_epi64(t0, t2);
+        let u1 = _mm256_unpackhi_epi64(t0, t2);
+        let u2 = _mm256_unpacklo_epi64(t1, t3);
+        let u3 = _mm256_unpackhi_epi64(t1, t3);
+        let u4 = _mm256_unpacklo_epi64(t4, t6);
+        let u5 = _mm256_unpackhi_epi64(t4, t6);
+        let u6 = _mm256_unpacklo_epi64(t5, t7);
+        let u7 = _mm256_unpackhi_epi64(t5, t7);
+        let g = [
+            _mm256_permute2x128_si256::<0x20>(u0, u4),
+            _mm256_permute2x128_si256::<0x20>(u1, u5),
+            _mm256_permute2x128_si256::<0x20>(u2, u6),
+            _mm256_permute2x128_si256::<0x20>(u3, u7),
+            _mm256_permute2x128_si256::<0x31>(u0, u4),
+            _mm256_permute2x128_si256::<0x31>(u1, u5),
+            _mm256_permute2x128_si256::<0x31>(u2, u6),
+            _mm256_permute2x128_si256::<0x31>(u3, u7),
+        ];
+        let d = b.map(|b| i16::from_le_bytes(b.d));
+        let dw = _mm256_cvtph_ps(_mm_setr_epi16(
+            d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+        ));
+        let mut isum = [_mm256_setzero_si256(); T];
+        for (j, gj) in g.iter().enumerate() {
+            let a = _mm256_abs_epi8(*gj);
+            for (t, s) in isum.iter_mut().enumerate() {
+                // SAFETY: i < x[t].len() (caller); 4 readable bytes at 4j < 32.
+                let xq = unsafe {
+                    std::ptr::read_unaligned(
+                        x[t].get_unchecked(i).qs.as_ptr().add(4 * j).cast::<i32>(),
+                    )
+                };
+                let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(_mm256_set1_epi32(xq), *gj));
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
+            }
+        }
+        for t in 0..T {
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(dxi[t]));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        }
+    }
+    std::array::from_fn(|t| {
+        let mut o = [0f32; 8];
+        // SAFETY: `o` has 8 f32; storeu needs no alignment.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), acc[t]) };
+        o
+    })
+}
