@@ -1394,7 +1394,8 @@ fn to_four<const N: usize>(y: [&mut [f32]; N]) -> [&mut [f32]; MATVEC_TOKENS] {
 impl Kernels {
     /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
     /// from sharing each weight block's unpacking among 8 tokens (Q4_1, Q5_0, Q5_1, Q8_0 and
-    /// repacked Q4_0 with AVX-512 VNNI; Q5_0 and Q8_0 with AVX2); `false` (nothing written)
+    /// repacked Q4_0 with AVX-512 VNNI; Q5_0, Q8_0 and repacked Q4_0 and IQ4_NL with AVX2);
+    /// `false` (nothing written)
     /// elsewhere: then take the tokens 4 at a time.
     /// Results are bit-identical to one token at a time, but for Q8_0 on AVX2 without AVX-512,
     /// which adds each block's exact dot once (`q8_0_rows.rs`: the packed panels' order).
@@ -1414,6 +1415,29 @@ impl Kernels {
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
             if !t.avx512() && matches!(w_ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
                 return avx2_q8_0_tokens8(t, w_ty, n, w, x_q, rows, y);
+            }
+            // Repacked Q4_0 and IQ4_NL on AVX2: 8 rows in the lanes with 8 tokens.
+            if !t.avx512() && matches!(w_ty, GgmlType::Q4_0 | GgmlType::IQ4_NL) {
+                let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+                if rb == 0 || !repack::repacked_shape(w.len() / rb) {
+                    return false;
+                }
+                assert!(
+                    x_q.iter().all(|x| x.len() >= xb),
+                    "matvec: activation too short"
+                );
+                assert!(
+                    y.iter().all(|y| y.len() == rows.len()),
+                    "matvec: y must have one slot per row"
+                );
+                let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                let mut y = y;
+                if w_ty == GgmlType::Q4_0 {
+                    q4_0_rows::matvec_x8_q4_0_avx2(t, w_rows, rb, x, &mut y);
+                } else {
+                    q4_0_rows::matvec_x8_iq4_nl_avx2(t, w_rows, rb, x, &mut y);
+                }
+                return true;
             }
             if !t.avx512()
                 || !matches!(

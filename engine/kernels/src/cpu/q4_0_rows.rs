@@ -559,6 +559,52 @@ macro_rules! kernels {
             out
         }
     };
+    ($feat:literal, $block:ty, $operands:ident, $dots:ident, $rows8:ident, $rows8_x4:ident,
+     $rows8_x8:ident) => {
+        kernels!($feat, $block, $operands, $dots, $rows8, $rows8_x4);
+
+        /// [`$rows8_x4`] with 8 activation rows: each block's transpose and unpacking shared
+        /// by twice the tokens (prefill's 8-token groups).
+        ///
+        /// # Safety
+        /// As [`$rows8_x4`].
+        #[target_feature(enable = $feat)]
+        unsafe fn $rows8_x8(w: [&[$block]; 8], x: [&[BlockQ8_0]; 8]) -> [[f32; 8]; 8] {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for i in 0..x[0].len() {
+                // SAFETY: i < x[t].len() <= w[r].len() (caller); the features are this
+                // function's.
+                unsafe {
+                    let (q, dw) = transposed_block(block_of(&w, i));
+                    let u = $operands(q);
+                    let bx = [
+                        x[0].get_unchecked(i),
+                        x[1].get_unchecked(i),
+                        x[2].get_unchecked(i),
+                        x[3].get_unchecked(i),
+                        x[4].get_unchecked(i),
+                        x[5].get_unchecked(i),
+                        x[6].get_unchecked(i),
+                        x[7].get_unchecked(i),
+                    ];
+                    let lo = block_sums_x4::<$block>([bx[0], bx[1], bx[2], bx[3]]);
+                    let hi = block_sums_x4::<$block>([bx[4], bx[5], bx[6], bx[7]]);
+                    let a = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+                    for t in 0..8 {
+                        let isum = $dots(&u, &bx[t].qs, a[t]);
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(a[t].d));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[t]);
+                    }
+                }
+            }
+            let mut out = [[0.0f32; 8]; 8];
+            for t in 0..8 {
+                // SAFETY: `out[t]` is 8 writable f32; storeu has no alignment requirement.
+                unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+            }
+            out
+        }
+    };
 }
 
 kernels!(
@@ -567,7 +613,8 @@ kernels!(
     operands_q4_0,
     block_dots_avx2,
     rows8_avx2,
-    rows8_x4_avx2
+    rows8_x4_avx2,
+    rows8_x8_avx2
 );
 kernels!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
@@ -583,7 +630,8 @@ kernels!(
     operands_iq4_nl_split,
     block_dots_split_avx2,
     iq4_nl_rows8_avx2,
-    iq4_nl_rows8_x4_avx2
+    iq4_nl_rows8_x4_avx2,
+    iq4_nl_rows8_x8_avx2
 );
 kernels!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
@@ -887,6 +935,71 @@ pub(super) fn matvec_x8_q4_0(
         }
     }
 }
+
+/// `y[t][i]` = row i of the repacked `$block` matrix `w` (whole rows of `rb` bytes) with
+/// token t, for 8 tokens on AVX2 without AVX-512: groups of 8 rows with the 8 tokens per call
+/// (`$x8`), leftover rows as two 4-token halves (`$x4`); bit-identical to the one-token
+/// kernels.
+macro_rules! matvec_x8_avx2 {
+    ($name:ident, $block:ty, $x8:ident, $x4:ident) => {
+        /// See [`matvec_x8_avx2`]: `$block` rows with 8 tokens, 8 rows in the SIMD lanes.
+        ///
+        /// # Panics
+        /// If `rb` is 0, a `y[t]` has fewer slots than `w` rows, or the `x[t]` differ in length
+        /// or are shorter than a row.
+        pub(super) fn $name(
+            t: Token,
+            w: &[u8],
+            rb: usize,
+            x: [&[BlockQ8_0]; 8],
+            y: &mut [&mut [f32]; 8],
+        ) {
+            let n_rows = w.len() / rb;
+            let row = |i: usize| -> &[$block] { blocks(&w[i * rb..(i + 1) * rb]) };
+            let n = x[0].len();
+            assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+            assert!(
+                rb / std::mem::size_of::<$block>() >= n,
+                "weight row too short"
+            );
+            let mut i = 0;
+            while i + 8 <= n_rows {
+                // SAFETY: the token proves AVX2, FMA and F16C; every row has at least `n`
+                // blocks and every `x[t]` exactly `n` (checked above).
+                let r = unsafe { $x8(std::array::from_fn(|k| row(i + k)), x) };
+                for (yt, rt) in y.iter_mut().zip(r) {
+                    yt[i..i + 8].copy_from_slice(&rt);
+                }
+                i += 8;
+            }
+            if i < n_rows {
+                let rest = &w[i * rb..];
+                let (lo, hi) = y.split_at_mut(4);
+                for (half, ys) in [(0usize, lo), (4, hi)] {
+                    let mut yh: [&mut [f32]; 4] = {
+                        let [a, b, c, d] = ys else { unreachable!() };
+                        [&mut a[i..], &mut b[i..], &mut c[i..], &mut d[i..]]
+                    };
+                    let xh = [x[half], x[half + 1], x[half + 2], x[half + 3]];
+                    $x4(t, rest, rb, xh, &mut yh);
+                }
+            }
+        }
+    };
+}
+
+matvec_x8_avx2!(
+    matvec_x8_q4_0_avx2,
+    BlockQ4_0,
+    rows8_x8_avx2,
+    matvec_x4_q4_0
+);
+matvec_x8_avx2!(
+    matvec_x8_iq4_nl_avx2,
+    BlockIq4Nl,
+    iq4_nl_rows8_x8_avx2,
+    matvec_x4_iq4_nl
+);
 
 matvec_x4!(
     matvec_x4_q4_0,

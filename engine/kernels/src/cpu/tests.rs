@@ -319,9 +319,10 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
     }
 }
 
-/// The 8-token entry equals one token at a time, bit for bit, on matrices llama.cpp repacks
-/// (16-row groups, a leftover group of 8 and single rows, ranges not starting at 0), and
-/// declines what it has no kernel for.
+/// The 8-token entry equals one token at a time, bit for bit (but for Q8_0 on AVX2 without
+/// AVX-512: its blockwise order), on matrices llama.cpp repacks (16-row groups, a leftover
+/// group of 8 and single rows, ranges not starting at 0), and declines what it has no kernel
+/// for.
 #[test]
 fn matvec_tokens8_equals_one_token_at_a_time() {
     use super::MATVEC_TOKENS8;
@@ -332,6 +333,9 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             (GgmlType::Q4_0, 40, 0..40),
             (GgmlType::Q4_0, 40, 3..40),
             (GgmlType::Q4_0, 24, 5..21),
+            // IQ4_NL: 8-row groups on AVX2, 16-row ones on AVX-512, leftover rows.
+            (GgmlType::IQ4_NL, 16, 0..16),
+            (GgmlType::IQ4_NL, 40, 3..40),
             (GgmlType::Q4_1, 7, 0..7),
             (GgmlType::Q4_1, 40, 3..40),
             (GgmlType::Q5_1, 7, 0..7),
