@@ -568,6 +568,85 @@ pub(super) mod avx2 {
         std::array::from_fn(|t| out[t])
     }
 
+    /// [`q4_k_xn_impl`] with 8 activation rows (prefill's 8-token groups): each block's
+    /// nibbles and scales unpacked once for twice the tokens; the float steps of the 8 tokens
+    /// run in the lanes of one 256-bit register, each lane the one-token operations in order.
+    /// The mins are summed before the quants, so that their 8 registers are free again.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_k_x8_impl(w: &[BlockQ4_K], x: [&[BlockQ8_K]; 8]) -> [f32; 8] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        // A constant table, as in `q4_k_impl`.
+        // SAFETY: `k < 8`: 32 readable bytes of the table; unaligned load.
+        let sel = |k: usize| unsafe { _mm256_loadu_si256(WORD_SELECT[k].as_ptr().cast()) };
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_min = _mm256_setzero_ps();
+        for (i, bw) in w.iter().enumerate() {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx: [&BlockQ8_K; 8] = std::array::from_fn(|t| unsafe { x[t].get_unchecked(i) });
+            let (sc16, m16) = scales_mins_words(bw);
+            let sc16 = _mm256_broadcastsi128_si256(sc16);
+            let m_pairs = min_pairs(m16);
+            let mins = |t: usize| _mm256_madd_epi16(load32(&bx[t].bsums), m_pairs);
+            let msum = _mm256_set_m128i(
+                hsum_i32_x4(&[mins(4), mins(5), mins(6), mins(7)]),
+                hsum_i32_x4(&[mins(0), mins(1), mins(2), mins(3)]),
+            );
+            let mut lanes = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let q = load32(&bw.qs[32 * c..]);
+                let q_lo = _mm256_and_si256(q, m4);
+                let q_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let s1 = _mm256_shuffle_epi8(sc16, sel(2 * c));
+                let s2 = _mm256_shuffle_epi8(sc16, sel(2 * c + 1));
+                for t in 0..8 {
+                    let lo = _mm256_maddubs_epi16(q_lo, load32(&bx[t].qs[64 * c..]));
+                    let hi = _mm256_maddubs_epi16(q_hi, load32(&bx[t].qs[64 * c + 32..]));
+                    let lo = _mm256_madd_epi16(lo, s1);
+                    let hi = _mm256_madd_epi16(hi, s2);
+                    lanes[t] = _mm256_add_epi32(lanes[t], _mm256_add_epi32(lo, hi));
+                }
+            }
+            let isum = _mm256_set_m128i(
+                hsum_i32_x4(&[lanes[4], lanes[5], lanes[6], lanes[7]]),
+                hsum_i32_x4(&[lanes[0], lanes[1], lanes[2], lanes[3]]),
+            );
+            let dx = _mm256_setr_ps(
+                bx[0].d(),
+                bx[1].d(),
+                bx[2].d(),
+                bx[3].d(),
+                bx[4].d(),
+                bx[5].d(),
+                bx[6].d(),
+                bx[7].d(),
+            );
+            let d = _mm256_mul_ps(_mm256_set1_ps(f16_le(bw.d)), dx);
+            let dmin = _mm256_mul_ps(_mm256_set1_ps(f16_le(bw.dmin)), dx);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
+            acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), dmin, acc_min);
+        }
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` is 8 writable f32.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_min)) };
+        out
+    }
+
+    /// [`dot_q4_k_q8_k`] of one weight row with 8 activation rows, bit-identical to 8 calls.
+    ///
+    /// # Panics
+    /// If an activation row has fewer blocks than `w`.
+    pub(crate) fn dot_q4_k_q8_k_x8(_: Token, w: &[BlockQ4_K], x: [&[BlockQ8_K]; 8]) -> [f32; 8] {
+        assert!(
+            x.iter().all(|r| r.len() >= w.len()),
+            "activation row too short"
+        );
+        // SAFETY: see below (the token); lengths checked.
+        unsafe { q4_k_x8_impl(w, x) }
+    }
+
     /// [`dot_q4_k_q8_k`] of one weight row with `N` activation rows, bit-identical to `N` calls.
     ///
     /// # Panics

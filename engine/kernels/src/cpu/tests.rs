@@ -336,6 +336,9 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             // IQ4_NL: 8-row groups on AVX2, 16-row ones on AVX-512, leftover rows.
             (GgmlType::IQ4_NL, 16, 0..16),
             (GgmlType::IQ4_NL, 40, 3..40),
+            // Q4_K (repacked shapes): one row with 8 tokens on AVX2.
+            (GgmlType::Q4_K, 16, 0..16),
+            (GgmlType::Q4_K, 40, 3..40),
             (GgmlType::Q4_1, 7, 0..7),
             (GgmlType::Q4_1, 40, 3..40),
             (GgmlType::Q5_1, 7, 0..7),
@@ -354,6 +357,9 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             // 7 blocks (odd) for Q5_0, which llama.cpp never repacks; 256 for the others.
             let n = if matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
                 224
+            } else if ty == GgmlType::Q4_K {
+                // Three super-blocks.
+                768
             } else {
                 256
             };
