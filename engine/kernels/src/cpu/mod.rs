@@ -439,13 +439,9 @@ impl Kernels {
 
     /// Whether this set's 8-token Q8_0 kernel keeps rows in the lanes (`q8_0_rows.rs`: AVX2
     /// without AVX-512), adding each block's exact dot once instead of ggml's lane sums.
-    #[cfg(test)]
+    #[cfg(all(test, target_arch = "x86_64"))]
     pub(super) fn q8_0_tokens_blockwise(&self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if let Isa::Avx2(t) = self.isa_for(GgmlType::Q8_0, Phase::Prefill) {
-            return !t.avx512();
-        }
-        false
+        matches!(self.isa_for(GgmlType::Q8_0, Phase::Prefill), Isa::Avx2(t) if !t.avx512())
     }
 
     /// The instruction set for `w_ty`'s matmuls in `phase`.
