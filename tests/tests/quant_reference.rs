@@ -202,7 +202,8 @@ fn q3_k_m_agrees_with_llama_cpp() {
 
 /// Measured: top-1 367/367, max 0.0000, mean 0.00002 (teacher-forced logits bit-exact); greedy
 /// 6/8 where the batched prefill keeps ggml's one-token order, 5/8 with the packed panels
-/// (AVX-512 VNNI: most of this file's tensors are Q8_0; see `q8_0_agrees_with_llama_cpp`).
+/// (AVX-512 VNNI: most of this file's tensors are Q8_0; see `q8_0_agrees_with_llama_cpp`) and
+/// with the AVX2 set's rows in the lanes, the same order (Zen 3).
 #[test]
 fn q6_k_agrees_with_llama_cpp() {
     check("Q6_K", 100, 0.001, 1e-4, 5);
@@ -223,10 +224,12 @@ fn q5_1_agrees_with_llama_cpp() {
 }
 
 /// Measured: top-1 367/367, max 0.0000, mean 0.00002 (teacher-forced logits bit-exact). Greedy
-/// after the batched prompt: 8/8 where prefill keeps ggml's one-token order (AVX2, or
-/// `EDGE_RUN_PANELS=0`), 6/8 with the packed panels of AVX-512 VNNI machines, which scale each
-/// block's exact integer dot once instead of ggml's 8 lane sums (1.6x the prefill speed; the
-/// issue's rule: where matching llama.cpp's batched order costs speed, speed wins). The two
+/// after the batched prompt: 8/8 where prefill keeps ggml's one-token order
+/// (`EDGE_RUN_PANELS=0` on AVX-512, or NEON), 6/8 with the packed panels of AVX-512 VNNI
+/// machines and with the AVX2 set's 8-token kernel without AVX-512 (`q8_0_rows.rs`, Zen 3),
+/// which scale each block's exact integer dot once instead of ggml's 8 lane sums (1.6x the
+/// prefill speed with the panels, 1.4x on Zen 3; the rule: where matching llama.cpp's
+/// batched order costs speed, speed wins). The two
 /// continuations that change follow near-ties after the prompt; llama.cpp's own batched and
 /// one-token paths differ as much (perplexity of this file on the committed text:
 /// llama-perplexity `-b 1` 18.2467, `-b 512` 18.2260; edge-run `-b 512` 18.2497 without the
