@@ -1391,9 +1391,7 @@ impl Kernels {
     /// [`Kernels::matvec_tokens`] for [`MATVEC_TOKENS8`] activation rows, where a kernel gains
     /// from sharing each weight block's unpacking among 8 tokens (Q4_1, Q5_0, Q5_1, Q8_0 and
     /// repacked Q4_0 with AVX-512 VNNI; Q5_0, Q8_0 and repacked Q4_0, IQ4_NL and Q4_K with
-    /// AVX2);
-    /// `false` (nothing written)
-    /// elsewhere: then take the tokens 4 at a time.
+    /// AVX2); `false` (nothing written) elsewhere: then take the tokens 4 at a time.
     /// Results are bit-identical to one token at a time, but for Q8_0 on AVX2 without AVX-512,
     /// which adds each block's exact dot once (`q8_0_rows.rs`: the packed panels' order).
     ///
@@ -1413,8 +1411,9 @@ impl Kernels {
             if !t.avx512() && matches!(w_ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
                 return avx2_q8_0_tokens8(t, w_ty, n, w, x_q, rows, y);
             }
-            // Repacked Q4_K on AVX2: one row with 8 tokens (llama.cpp's repacked order).
-            if !t.avx512() && w_ty == GgmlType::Q4_K {
+            // Repacked Q4_0, IQ4_NL (8 rows in the lanes) and Q4_K (one row at a time) on AVX2,
+            // 8 tokens per call, in llama.cpp's repacked order.
+            if !t.avx512() && matches!(w_ty, GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q4_K) {
                 let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
                 if rb == 0 || !repack::repacked_shape(w.len() / rb) {
                     return false;
@@ -1427,36 +1426,25 @@ impl Kernels {
                     y.iter().all(|y| y.len() == rows.len()),
                     "matvec: y must have one slot per row"
                 );
-                let x = x_q.map(|x| blocks::<BlockQ8_K>(&x[..xb]));
                 let mut y = y;
-                for (i, wr) in w_rows.chunks_exact(rb).enumerate() {
-                    let r = repack::avx2::dot_q4_k_q8_k_x8(t, blocks(wr), x);
-                    for (yt, rt) in y.iter_mut().zip(r) {
-                        yt[i] = rt;
+                match w_ty {
+                    GgmlType::Q4_K => {
+                        let x = x_q.map(|x| blocks::<BlockQ8_K>(&x[..xb]));
+                        for (i, wr) in w_rows.chunks_exact(rb).enumerate() {
+                            let r = repack::avx2::dot_q4_k_q8_k_x8(t, blocks(wr), x);
+                            for (yt, rt) in y.iter_mut().zip(r) {
+                                yt[i] = rt;
+                            }
+                        }
                     }
-                }
-                return true;
-            }
-            // Repacked Q4_0 and IQ4_NL on AVX2: 8 rows in the lanes with 8 tokens.
-            if !t.avx512() && matches!(w_ty, GgmlType::Q4_0 | GgmlType::IQ4_NL) {
-                let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
-                if rb == 0 || !repack::repacked_shape(w.len() / rb) {
-                    return false;
-                }
-                assert!(
-                    x_q.iter().all(|x| x.len() >= xb),
-                    "matvec: activation too short"
-                );
-                assert!(
-                    y.iter().all(|y| y.len() == rows.len()),
-                    "matvec: y must have one slot per row"
-                );
-                let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
-                let mut y = y;
-                if w_ty == GgmlType::Q4_0 {
-                    q4_0_rows::matvec_x8_q4_0_avx2(t, w_rows, rb, x, &mut y);
-                } else {
-                    q4_0_rows::matvec_x8_iq4_nl_avx2(t, w_rows, rb, x, &mut y);
+                    GgmlType::Q4_0 => {
+                        let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                        q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y);
+                    }
+                    _ => {
+                        let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                        q4_0_rows::matvec_x8_iq4_nl(t, w_rows, rb, x, &mut y);
+                    }
                 }
                 return true;
             }

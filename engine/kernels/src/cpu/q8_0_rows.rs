@@ -80,20 +80,21 @@ pub(super) fn matvec<const T: usize>(
     }
     assert!(y.iter().all(|y| y.len() >= rows), "y too short");
     let row = |i: usize| -> &[BlockQ8_0] { super::block::blocks(&w[i * rb..(i + 1) * rb]) };
-    // The activations' scales as f32, once per chunk of blocks for all rows, on the stack
-    // (uninitialized: zeroing them per call would cost more than a narrow matrix's work). A
-    // row's blocks go chunk after chunk, its sums carried in `y`, so the order is the same as
-    // in one pass.
-    let mut dx = [MaybeUninit::<[f32; T]>::uninit(); CHUNK];
+    // The activations' scales as f32 (`avx2::q8_0_token_scales`), once per chunk of blocks for
+    // all rows, on the stack (only the chunk's entries initialized: zeroing the whole buffer
+    // per call would cost more than a narrow matrix's work). A row's blocks go chunk after
+    // chunk, its sums carried in `y`, so the order is the same as in one pass.
+    let mut dx_buf = [MaybeUninit::<[f32; 8]>::uninit(); CHUNK];
     for c0 in (0..nb).step_by(CHUNK) {
         let c1 = nb.min(c0 + CHUNK);
-        for i in c0..c1 {
-            // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected.
-            dx[i - c0].write(unsafe { token_scales(x.map(|x| &x[i])) });
-        }
-        // SAFETY: the first `c1 - c0` entries were written just above; `[f32; T]` is plain data.
-        let dx = unsafe { std::slice::from_raw_parts(dx.as_ptr().cast::<[f32; T]>(), c1 - c0) };
         let xc = x.map(|x| &x[c0..c1]);
+        let dx = &mut dx_buf[..c1 - c0];
+        dx.fill(MaybeUninit::new([0.0; 8]));
+        // SAFETY: every entry of `dx` was written just above; `[f32; 8]` is plain data with
+        // the layout of `MaybeUninit<[f32; 8]>`.
+        let dx = unsafe { &mut *(dx as *mut [MaybeUninit<[f32; 8]>] as *mut [[f32; 8]]) };
+        super::avx2::q8_0_token_scales(t, xc, dx);
+        let dx: &[[f32; 8]] = dx;
         let mut i = 0;
         while i < rows {
             // The last group repeats the last row where fewer than 8 are left (its extra
@@ -121,29 +122,7 @@ pub(super) fn matvec<const T: usize>(
     true
 }
 
-/// The `T` blocks' scales as f32 (one F16C conversion; `f16_le`'s portable one cost 4% of a
-/// Q8_0 prefill).
-///
-/// # Safety
-/// F16C is present.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn token_scales<const T: usize>(b: [&BlockQ8_0; T]) -> [f32; T] {
-    let mut h = [0i16; 8];
-    for (h, b) in h.iter_mut().zip(b) {
-        *h = i16::from_le_bytes(b.d);
-    }
-    let mut f = [0f32; 8];
-    // SAFETY: `h` is 16 readable bytes, `f` 32 writable ones; neither needs alignment.
-    unsafe {
-        _mm256_storeu_ps(
-            f.as_mut_ptr(),
-            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())),
-        )
-    };
-    std::array::from_fn(|t| f[t])
-}
-
-/// Blocks per chunk of the activations' scales (16 KiB of stack at 8 tokens).
+/// Blocks per chunk of the activations' scales (16 KiB of stack).
 const CHUNK: usize = 512;
 
 /// 8 rows (lane r: row r) with `T` tokens, starting from `init`: `out[t][r]`.
@@ -155,7 +134,7 @@ const CHUNK: usize = 512;
 unsafe fn rows8_impl<const T: usize>(
     w: [&[BlockQ8_0]; 8],
     x: [&[BlockQ8_0]; T],
-    dx: &[[f32; T]],
+    dx: &[[f32; 8]],
     init: [[f32; 8]; T],
 ) -> [[f32; 8]; T] {
     let ones = _mm256_set1_epi16(1);
