@@ -572,6 +572,8 @@ pub(super) mod avx2 {
     /// nibbles and scales unpacked once for twice the tokens; the float steps of the 8 tokens
     /// run in the lanes of one 256-bit register, each lane the one-token operations in order.
     /// The mins are summed before the quants, so that their 8 registers are free again.
+    /// Written out rather than `q4_k_xn_impl` widened to 8 tokens: that version gave the same
+    /// bits but 0.72-0.78 against 0.59 ns per row, block and token (Zen 3).
     ///
     /// # Safety
     /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
