@@ -1041,7 +1041,7 @@ impl Kernels {
 /// GB/s one group ahead, 19.3 two, 21.4 three, 17.9 four); long rows (the 1.1B model's 9 KiB
 /// groups and more) keep the next group.
 #[cfg(target_arch = "x86_64")]
-const ROWS8_AHEAD_BYTES: usize = 8 << 10;
+pub(super) const ROWS8_AHEAD_BYTES: usize = 8 << 10;
 
 /// How far ahead of the row being computed [`Kernels::matvec`] asks for weight bytes. Decoding
 /// streams each matrix once from memory, and the hardware prefetchers restart at every 4 KiB page:
@@ -1142,7 +1142,52 @@ impl Kernels {
                 GgmlType::Q5_1 if t.avx512() => {
                     avx512_q8_1_tokens::<BlockQ5_1, N>(t, w, rb, x.map(blocks), y)
                 }
-                GgmlType::Q4_1 => rows_with!(avx2::dot_q4_1_q8_1_xn),
+                // The tokens' scales converted once for all rows (stack buffers sized to the
+                // row, as for Q8_0 below).
+                GgmlType::Q4_1 => {
+                    let nb = xb / std::mem::size_of::<BlockQ8_1>();
+                    macro_rules! scaled {
+                        ($cap:literal) => {{
+                            let mut xds = [[0f32; 8]; $cap];
+                            avx2::q8_1_token_scales(t, x.map(blocks), &mut xds[..nb]);
+                            let xds = &xds[..nb];
+                            let xbl = x.map(|x| blocks(x));
+                            let mut pairs = w.chunks_exact(2 * rb);
+                            let mut i = 0;
+                            for wp in pairs.by_ref() {
+                                let (w0, w1) = wp.split_at(rb);
+                                let r = avx2::dot_q4_1_q8_1_xn_scaled_rows2(
+                                    t,
+                                    [blocks(w0), blocks(w1)],
+                                    xbl,
+                                    xds,
+                                );
+                                for (yt, k) in y.iter_mut().zip(0..N) {
+                                    yt[i] = r[0][k];
+                                    yt[i + 1] = r[1][k];
+                                }
+                                i += 2;
+                            }
+                            if !pairs.remainder().is_empty() {
+                                let r = avx2::dot_q4_1_q8_1_xn_scaled(
+                                    t,
+                                    blocks(pairs.remainder()),
+                                    xbl,
+                                    xds,
+                                );
+                                for (yt, rt) in y.iter_mut().zip(r) {
+                                    yt[i] = rt;
+                                }
+                            }
+                        }};
+                    }
+                    match nb {
+                        0..=32 => scaled!(32),
+                        33..=128 => scaled!(128),
+                        129..=512 => scaled!(512),
+                        _ => rows_with!(avx2::dot_q4_1_q8_1_xn),
+                    }
+                }
                 // 16 or 8 rows in the SIMD lanes (as in `matvec`), the rest one by one.
                 GgmlType::Q4_0 | GgmlType::IQ4_NL if repacked => {
                     let x4: [&[u8]; MATVEC_TOKENS] = std::array::from_fn(|k| x[k]);
@@ -1378,6 +1423,52 @@ fn avx512_biased_tokens<const N: usize>(
 
 /// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).
 #[cfg(target_arch = "x86_64")]
+impl Kernels {
+    /// [`Kernels::matvec_tokens`] for the decode steps of `N` sessions decoding together (`N`
+    /// from 2 to [`MATVEC_TOKENS`]), whose results need not be bit-identical to one token at a
+    /// time: a group's logits are a lone session's up to the multi-token kernels' rounding, as
+    /// long as their choices stay llama.cpp's (`tests/decode_together.rs`; the executor calls
+    /// it for the output head only, whose result no later layer requantizes). On AVX2 without
+    /// AVX-512, Q8_0 matrices take the kernel with 8 rows in the lanes (`q8_0_rows.rs`), which adds each block's
+    /// exact dot once; everything else is `matvec_tokens` (`false`: no kernel, nothing
+    /// written).
+    ///
+    /// # Panics
+    /// As [`Kernels::matvec_tokens`].
+    pub fn matvec_steps<const N: usize>(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        x_q: [&[u8]; N],
+        rows: Range<usize>,
+        y: [&mut [f32]; N],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            if !t.avx512() && (2..=MATVEC_TOKENS).contains(&N) && w_ty == GgmlType::Q8_0 {
+                let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+                assert!(
+                    x_q.iter().all(|x| x.len() >= xb),
+                    "matvec: activation too short"
+                );
+                assert!(
+                    y.iter().all(|y| y.len() == rows.len()),
+                    "matvec: y must have one slot per row"
+                );
+                let mut y = y;
+                // Declines activations with a -128 quant (its sign trick).
+                let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                if q8_0_rows::matvec::<N>(t, w_rows, rb, x, &mut y) {
+                    return true;
+                }
+                return self.matvec_tokens::<N>(w_ty, n, w, x_q, rows, y);
+            }
+        }
+        self.matvec_tokens::<N>(w_ty, n, w, x_q, rows, y)
+    }
+}
+
 fn to_four<const N: usize>(y: [&mut [f32]; N]) -> [&mut [f32]; MATVEC_TOKENS] {
     // No allocation: this runs for every 16-row chunk of a prefill matmul.
     let mut rows = y.into_iter();

@@ -21,9 +21,16 @@
 //! (`panels.rs`) and of `dot_q8_0_q8_0_blockwise`, so prefill's 8-token groups give the same
 //! bits on both x86 kernel sets. They differ from ggml's one-token order by f32 rounding only
 //! (the rule for batched prefill: where matching llama.cpp's batched order costs
-//! speed, speed wins; README, "Speed"). The groups of 2 to 4 tokens (a prompt's tail, sessions
-//! decoding together) keep ggml's order, as on AVX-512: with them in this order too, 4 of the
-//! 8 greedy continuations of SmolLM2 Q8_0 after a batched prompt were llama.cpp's, against 6.
+//! speed, speed wins; README, "Speed"). A prompt's tail of 2 to 4 tokens keeps ggml's order,
+//! as on AVX-512: with it in this order too, 4 of the 8 greedy continuations of SmolLM2 Q8_0
+//! after a batched prompt were llama.cpp's, against 6. The steps of 2 to 4 sessions decoding
+//! together (`Kernels::matvec_steps`) take this kernel: SmolLM2's Q8_0 output head, 49,152
+//! rows streamed from memory for 4 tokens, is a sixth of such a step.
+//!
+//! Decode streams the weights: each 8-row group prefetches the group 8 KiB on
+//! ([`super::ROWS8_AHEAD_BYTES`]), a slice per block. (The rows' own next blocks, prefetched
+//! before, lie in the group itself for rows of a few hundred bytes; in cache, prefill's
+//! timing is the same either way.)
 //!
 //! Tried: `vpmaddwd` of i16 pairs instead of the sign trick (two multiplies per 4 products
 //! either way, but twice the broadcasts): 1.0 against 0.69 ns.
@@ -95,8 +102,13 @@ pub(super) fn matvec<const T: usize>(
         let dx = unsafe { &mut *(dx as *mut [MaybeUninit<[f32; 8]>] as *mut [[f32; 8]]) };
         super::avx2::q8_0_token_scales(t, xc, dx);
         let dx: &[[f32; 8]] = dx;
+        // Decode streams the weights from memory: each group asks for the bytes of a group
+        // `groups_ahead` on (within this call's rows), spread over its blocks.
+        let groups_ahead = (super::ROWS8_AHEAD_BYTES / (8 * rb)).max(1);
         let mut i = 0;
         while i < rows {
+            let next = ((i + 8 * groups_ahead) * rb).min(w.len());
+            let ahead = &w[next..(next + 8 * rb).min(w.len())];
             // The last group repeats the last row where fewer than 8 are left (its extra
             // lanes are not stored).
             let group: [&[BlockQ8_0]; 8] =
@@ -112,7 +124,7 @@ pub(super) fn matvec<const T: usize>(
             // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; every
             // group row and every `xc[t]` has `c1 - c0` blocks, as `dx` has, and no
             // activation quant is -128 (checked above).
-            let r = unsafe { rows8_impl::<T>(group, xc, dx, init) };
+            let r = unsafe { rows8_impl::<T>(group, xc, ahead, dx, init) };
             for (yt, rt) in y.iter_mut().zip(&r) {
                 yt[i..i + n].copy_from_slice(&rt[..n]);
             }
@@ -134,6 +146,7 @@ const CHUNK: usize = 512;
 unsafe fn rows8_impl<const T: usize>(
     w: [&[BlockQ8_0]; 8],
     x: [&[BlockQ8_0]; T],
+    ahead: &[u8],
     dx: &[[f32; 8]],
     init: [[f32; 8]; T],
 ) -> [[f32; 8]; T] {
@@ -144,11 +157,11 @@ unsafe fn rows8_impl<const T: usize>(
     for (i, dxi) in dx.iter().enumerate() {
         // SAFETY: i < dx.len() == every w[r].len() (caller).
         let b: [&BlockQ8_0; 8] = std::array::from_fn(|r| unsafe { w[r].get_unchecked(i) });
-        // The next blocks of the 8 rows, for decode's streamed weights (prefill's are in cache
-        // and the hints cost little: one per row and block, shared by the tokens).
-        for br in &b {
-            _mm_prefetch::<_MM_HINT_T0>((*br as *const BlockQ8_0).wrapping_add(16).cast());
-        }
+        super::x86::prefetch_range(
+            ahead,
+            i * 8 * size_of::<BlockQ8_0>(),
+            8 * size_of::<BlockQ8_0>(),
+        );
         // SAFETY: each `qs` is 32 readable bytes; loadu needs no alignment.
         let q: [__m256i; 8] =
             std::array::from_fn(|r| unsafe { _mm256_loadu_si256(b[r].qs.as_ptr().cast()) });

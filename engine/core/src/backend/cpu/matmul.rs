@@ -126,15 +126,24 @@ impl OpCtx<'_> {
         t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
             k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
         });
-        t = self.token_groups::<{ MATVEC_TOKENS }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
-            k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
-        });
-        t = self.token_groups::<3>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
-            k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
-        });
-        t = self.token_groups::<2>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
-            k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
-        });
+        // The logits of sessions decoding together need not match one token's bits (their
+        // kernel may add in another order: no later layer requantizes them, so the rounding
+        // stays that small); their layers, and a prompt's tokens, keep ggml's order.
+        let steps = self.args.seqs.is_some() && out == self.pg.graph.output;
+        macro_rules! groups_of {
+            ($n:expr) => {
+                self.token_groups::<{ $n }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+                    if steps {
+                        k.matvec_steps(wt, n, bytes, xs, rows.clone(), ys)
+                    } else {
+                        k.matvec_tokens(wt, n, bytes, xs, rows.clone(), ys)
+                    }
+                })
+            };
+        }
+        t = groups_of!(MATVEC_TOKENS);
+        t = groups_of!(3);
+        t = groups_of!(2);
         for t in t..n_tok {
             let y = self.output(out, t, rows.clone());
             k.matvec(wt, n, bytes, &xq[t * xrb..(t + 1) * xrb], rows.clone(), y);
