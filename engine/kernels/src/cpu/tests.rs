@@ -341,6 +341,9 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             (GgmlType::Q4_K, 40, 3..40),
             (GgmlType::Q4_1, 7, 0..7),
             (GgmlType::Q4_1, 40, 3..40),
+            // IQ4_XS: one row with 8 tokens on AVX2, any row count.
+            (GgmlType::IQ4_XS, 7, 0..7),
+            (GgmlType::IQ4_XS, 40, 3..40),
             (GgmlType::Q5_1, 7, 0..7),
             (GgmlType::Q5_1, 40, 3..40),
             // Q5_0 takes rows in pairs: odd and even counts, ranges not starting at 0.
@@ -357,7 +360,7 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             // 7 blocks (odd) for Q5_0, which llama.cpp never repacks; 256 for the others.
             let n = if matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
                 224
-            } else if ty == GgmlType::Q4_K {
+            } else if matches!(ty, GgmlType::Q4_K | GgmlType::IQ4_XS) {
                 // Three super-blocks.
                 768
             } else {
@@ -386,12 +389,17 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 ys,
             );
             // Q5_0 and Q8_0 have an 8-token kernel in the AVX2 and AVX-512 sets (so that this
-            // test checks them: no -128 quant in these activations, rows of at most 512 blocks).
+            // test checks them: no -128 quant in these activations, rows of at most 512 blocks),
+            // IQ4_XS in the AVX2 set.
             assert!(
                 done || !["avx2", "avx512"].contains(&k.isa_name())
                     || !matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0),
                 "{} declined {ty}",
                 k.isa_name()
+            );
+            assert!(
+                done || k.isa_name() != "avx2" || ty != GgmlType::IQ4_XS,
+                "avx2 declined {ty}"
             );
             if !done {
                 assert!(
