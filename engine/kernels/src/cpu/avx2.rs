@@ -798,6 +798,114 @@ unsafe fn dot_q4_1_q8_1_xn_scaled_impl<const N: usize>(
     out
 }
 
+/// The 8 activation rows' block scales as f32 for [`dot_q4_1_q8_1_x8_scaled`]: `out[i]` =
+/// `[d_0, s_0, d_1, s_1, .., d_7, s_7]` of block `i`.
+///
+/// # Panics
+/// If a row has fewer than `out.len()` blocks.
+pub(super) fn q8_1_token_scales8(_: Token, x: [&[BlockQ8_1]; 8], out: &mut [[f32; 16]]) {
+    assert!(
+        x.iter().all(|r| r.len() >= out.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { q8_1_token_scales8_impl(x, out) }
+}
+
+/// See [`q8_1_token_scales8`].
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` has at least `out.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_1_token_scales8_impl(x: [&[BlockQ8_1]; 8], out: &mut [[f32; 16]]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        let mut h = [0u16; 16];
+        for t in 0..8 {
+            // SAFETY: i < out.len() <= x[t].len() (caller).
+            let b = unsafe { x[t].get_unchecked(i) };
+            h[2 * t] = u16::from_le_bytes(b.d);
+            h[2 * t + 1] = u16::from_le_bytes(b.s);
+        }
+        // SAFETY: `h` is 32 readable bytes and `o` 16 writable f32; unaligned loads and stores
+        // have no alignment requirement.
+        unsafe {
+            let p = o.as_mut_ptr();
+            _mm256_storeu_ps(p, _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())));
+            _mm256_storeu_ps(
+                p.add(8),
+                _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(8).cast())),
+            );
+        }
+    }
+}
+
+/// [`dot_q4_1_q8_1_xn_scaled`] for 8 activation rows (prefill's 8-token groups): each weight
+/// block's nibbles and scales shared by twice the tokens. Bit-identical to one token at a
+/// time: the same products, `fma`s, lanes and sums per token.
+///
+/// # Panics
+/// If an activation row or `xds` is shorter than `w`.
+pub(super) fn dot_q4_1_q8_1_x8_scaled(
+    _: Token,
+    w: &[BlockQ4_1],
+    x: [&[BlockQ8_1]; 8],
+    xds: &[[f32; 16]],
+) -> [f32; 8] {
+    assert!(
+        xds.len() >= w.len() && x.iter().all(|r| r.len() >= w.len()),
+        "activation row too short"
+    );
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { dot_q4_1_q8_1_x8_scaled_impl(w, x, xds) }
+}
+
+/// See [`dot_q4_1_q8_1_x8_scaled`].
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; every `x[t]` and `xds` have at least `w.len()` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_q8_1_x8_scaled_impl(
+    w: &[BlockQ4_1],
+    x: [&[BlockQ8_1]; 8],
+    xds: &[[f32; 16]],
+) -> [f32; 8] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut acc_m = [_mm256_setzero_ps(); 2];
+    let ds = |a: [u8; 2], b: [u8; 2]| i32::from_le_bytes([a[0], a[1], b[0], b[1]]);
+    for (i, bw) in w.iter().enumerate() {
+        let q = nibbles(&bw.qs);
+        let wdm = _mm256_cvtph_ps(_mm_set1_epi32(ds(bw.d, bw.m)));
+        // SAFETY: i < w.len() <= xds.len() (caller).
+        let xs = unsafe { xds.get_unchecked(i) };
+        // p[2t], p[2t + 1]: d_w * d_x(t), m_w * s(t), as the one-token kernel forms them.
+        let mut p = [0f32; 16];
+        for h in 0..2 {
+            // SAFETY: 8 readable f32 at 8h of `xs` and writable at 8h of `p`; unaligned
+            // loads and stores need no alignment.
+            unsafe {
+                let ph = _mm256_mul_ps(wdm, _mm256_loadu_ps(xs.as_ptr().add(8 * h)));
+                acc_m[h] = _mm256_add_ps(acc_m[h], ph);
+                _mm256_storeu_ps(p.as_mut_ptr().add(8 * h), ph);
+            }
+        }
+        for t in 0..8 {
+            // SAFETY: i < w.len() <= x[t].len() (caller).
+            let bx = unsafe { x[t].get_unchecked(i) };
+            let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load_q8(&bx.qs)), ones);
+            let d = _mm256_broadcast_ss(&p[2 * t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[t]);
+        }
+    }
+    let mut m = [0.0f32; 16];
+    // SAFETY: `m` has 16 f32; storeu has no alignment requirement.
+    unsafe {
+        _mm256_storeu_ps(m.as_mut_ptr(), acc_m[0]);
+        _mm256_storeu_ps(m.as_mut_ptr().add(8), acc_m[1]);
+    }
+    std::array::from_fn(|t| hsum(acc[t]) + m[2 * t + 1])
+}
+
 /// [`dot_q4_1_q8_1_xn_scaled`] of two weight rows at once (each row's bits unchanged: the two
 /// rows' instructions interleaved give the CPU independent work while one row's products wait
 /// on their multiplies).
