@@ -880,12 +880,12 @@ unsafe fn dot_q4_1_q8_1_x8_scaled_impl(
         let xs = unsafe { xds.get_unchecked(i) };
         // p[2t], p[2t + 1]: d_w * d_x(t), m_w * s(t), as the one-token kernel forms them.
         let mut p = [0f32; 16];
-        for h in 0..2 {
+        for (h, am) in acc_m.iter_mut().enumerate() {
             // SAFETY: 8 readable f32 at 8h of `xs` and writable at 8h of `p`; unaligned
             // loads and stores need no alignment.
             unsafe {
                 let ph = _mm256_mul_ps(wdm, _mm256_loadu_ps(xs.as_ptr().add(8 * h)));
-                acc_m[h] = _mm256_add_ps(acc_m[h], ph);
+                *am = _mm256_add_ps(*am, ph);
                 _mm256_storeu_ps(p.as_mut_ptr().add(8 * h), ph);
             }
         }

@@ -672,7 +672,7 @@ impl Kernels {
             ($dot8:expr, $dot:expr) => {{
                 let (y8, y1) = y.split_at_mut(y.len() / 8 * 8);
                 let (w8, w1) = w.split_at(y8.len() * rb);
-                let groups_ahead = (ROWS8_AHEAD_BYTES / (8 * rb)).max(1);
+                let groups_ahead = (x86::ROWS8_AHEAD_BYTES / (8 * rb)).max(1);
                 for (g, (ys, ws)) in y8
                     .chunks_exact_mut(8)
                     .zip(w8.chunks_exact(8 * rb))
@@ -1034,14 +1034,6 @@ impl Kernels {
         }
     }
 }
-
-/// How far ahead the 8-row decode groups (Q4_0, IQ4_NL) prefetch: the group as many groups on
-/// as fit in this (at least the next). SmolLM2's 576-value rows make 2.6 KiB groups, and one
-/// group ahead left the memory idle (IQ4_NL 131072 x 576 from memory on one Zen 4 core: 16.2
-/// GB/s one group ahead, 19.3 two, 21.4 three, 17.9 four); long rows (the 1.1B model's 9 KiB
-/// groups and more) keep the next group.
-#[cfg(target_arch = "x86_64")]
-pub(super) const ROWS8_AHEAD_BYTES: usize = 8 << 10;
 
 /// How far ahead of the row being computed [`Kernels::matvec`] asks for weight bytes. Decoding
 /// streams each matrix once from memory, and the hardware prefetchers restart at every 4 KiB page:
@@ -1421,17 +1413,15 @@ fn avx512_biased_tokens<const N: usize>(
     .unwrap_or_else(|| unreachable!("matvec: the caller takes rows of at most 512 blocks here"));
 }
 
-/// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).
-#[cfg(target_arch = "x86_64")]
 impl Kernels {
     /// [`Kernels::matvec_tokens`] for the decode steps of `N` sessions decoding together (`N`
     /// from 2 to [`MATVEC_TOKENS`]), whose results need not be bit-identical to one token at a
     /// time: a group's logits are a lone session's up to the multi-token kernels' rounding, as
     /// long as their choices stay llama.cpp's (`tests/decode_together.rs`; the executor calls
     /// it for the output head only, whose result no later layer requantizes). On AVX2 without
-    /// AVX-512, Q8_0 matrices take the kernel with 8 rows in the lanes (`q8_0_rows.rs`), which adds each block's
-    /// exact dot once; everything else is `matvec_tokens` (`false`: no kernel, nothing
-    /// written).
+    /// AVX-512, Q8_0 matrices take the kernel with 8 rows in the lanes (`q8_0_rows.rs`), which
+    /// adds each block's exact dot once; everything else is `matvec_tokens` (`false`: no
+    /// kernel, nothing written).
     ///
     /// # Panics
     /// As [`Kernels::matvec_tokens`].
@@ -1469,6 +1459,8 @@ impl Kernels {
     }
 }
 
+/// `N` output rows as the 4 the fixed 4-token kernels take (`N` is 4 where they are called).
+#[cfg(target_arch = "x86_64")]
 fn to_four<const N: usize>(y: [&mut [f32]; N]) -> [&mut [f32]; MATVEC_TOKENS] {
     // No allocation: this runs for every 16-row chunk of a prefill matmul.
     let mut rows = y.into_iter();

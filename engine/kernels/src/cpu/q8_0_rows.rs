@@ -28,7 +28,7 @@
 //! rows streamed from memory for 4 tokens, is a sixth of such a step.
 //!
 //! Decode streams the weights: each 8-row group prefetches the group 8 KiB on
-//! ([`super::ROWS8_AHEAD_BYTES`]), a slice per block. (The rows' own next blocks, prefetched
+//! ([`super::x86::ROWS8_AHEAD_BYTES`]), a slice per block. (The rows' own next blocks, prefetched
 //! before, lie in the group itself for rows of a few hundred bytes; in cache, prefill's
 //! timing is the same either way.)
 //!
@@ -104,7 +104,7 @@ pub(super) fn matvec<const T: usize>(
         let dx: &[[f32; 8]] = dx;
         // Decode streams the weights from memory: each group asks for the bytes of a group
         // `groups_ahead` on (within this call's rows), spread over its blocks.
-        let groups_ahead = (super::ROWS8_AHEAD_BYTES / (8 * rb)).max(1);
+        let groups_ahead = (super::x86::ROWS8_AHEAD_BYTES / (8 * rb)).max(1);
         let mut i = 0;
         while i < rows {
             let next = ((i + 8 * groups_ahead) * rb).min(w.len());
