@@ -1,7 +1,9 @@
 //! Q4_K · Q8_K in the order of llama.cpp's repacked kernels (`ggml_gemv_q4_K_8x8_q8_K` /
 //! `ggml_gemm_q4_K_8x8_q8_K`, see `repack.rs`), eight weight rows at a time with AVX-512 VL +
 //! VNNI on 256-bit registers: row r of the group lives in 32-bit lane r of every register, as
-//! in llama.cpp's repacked layout, so no horizontal sum is needed anywhere.
+//! in llama.cpp's repacked layout, so no horizontal sum is needed anywhere. CPUs with AVX2 but
+//! no AVX-512 VNNI run the same 8-row groups with `maddubs` and `madd` in place of `vpdpbusd`
+//! and `vpmulld` ([`matvec_q4_k_avx2`], for prefill and sessions decoding together).
 //!
 //! The weights stay where they are (memory-mapped, one row after another): per 32-byte chunk
 //! of `qs`, the 8 rows' dwords are transposed in registers (two 4x4 dword transposes within the
@@ -39,7 +41,7 @@ use super::x86::{
 /// # Safety
 /// 16 readable bytes at each pointer.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load_2x16(lo: *const u8, hi: *const u8) -> __m256i {
     // SAFETY: 16 readable bytes at each (caller); `loadu` has no alignment requirement.
     let (l, h) = unsafe { (_mm_loadu_si128(lo.cast()), _mm_loadu_si128(hi.cast())) };
@@ -49,7 +51,7 @@ unsafe fn load_2x16(lo: *const u8, hi: *const u8) -> __m256i {
 /// Within each 128-bit half, the 4x4 transpose of dwords: from `v[r]` = [row r | row r + 4]
 /// (4 dwords each) to `out[j]` = [dword j of rows 0..3 | dword j of rows 4..7].
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn transpose_4x4(v: [__m256i; 4]) -> [__m256i; 4] {
     let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
     let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
@@ -68,7 +70,7 @@ fn transpose_4x4(v: [__m256i; 4]) -> [__m256i; 4] {
 /// # Safety
 /// 16 readable bytes at offset `o` of each block.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dwords8(b: &[*const u8; 8], o: usize) -> [__m256i; 4] {
     // SAFETY: as the caller's.
     unsafe {
@@ -86,7 +88,7 @@ unsafe fn dwords8(b: &[*const u8; 8], o: usize) -> [__m256i; 4] {
 /// # Safety
 /// 4 readable bytes at `p`.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn broadcast_dword(p: *const u8) -> __m256i {
     // SAFETY: 4 readable bytes (caller); `read_unaligned` has no alignment requirement.
     _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
@@ -221,6 +223,195 @@ unsafe fn rows8_impl<const N: usize>(w: [&[BlockQ4_K]; 8], x: [&[BlockQ8_K]; N])
         unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_sub_ps(acc[t], acc_min[t])) };
     }
     out
+}
+
+/// The f16 pairs `d | dmin << 16` in the 8 lanes as two vectors of 8 f32, `(d, dmin)` (AVX2
+/// has no `vpmovdw`: the halves are packed within the 128-bit lanes and the quadwords put in
+/// order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn d_dmin_f32(h: __m256i) -> (__m256, __m256) {
+    let d = _mm256_and_si256(h, _mm256_set1_epi32(0xFFFF));
+    let dmin = _mm256_srli_epi32::<16>(h);
+    // [d0..d3 dmin0..dmin3 | d4..d7 dmin4..dmin7] (no saturation: all values < 2^16) ...
+    let p = _mm256_packus_epi32(d, dmin);
+    // ... then [d0..d7 | dmin0..dmin7].
+    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(p);
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(p)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p)),
+    )
+}
+
+/// [`rows8_impl`] for CPUs with AVX2 but no AVX-512 VNNI (Zen 3, Intel client cores), the same
+/// bits: row r of the group in 32-bit lane r, the tokens' activations broadcast, so each weight
+/// chunk is transposed and unpacked once for all `N` tokens and no horizontal sum is needed.
+/// `vpdpbusd`'s work is done by `maddubs`, whose pair sums (at most 2 * 15 * 128 in magnitude)
+/// are added over a sub-block's 8 dwords in i16 (at most 8 * 3840 = 30720 < 2^15: exact); one
+/// `madd` by the rows' `(s_k, s_k)` pairs then gives each row's scaled sub-block sum in i32.
+/// The mins are `madd`s of each row's `(m_k, m_k)` with the token's bsum pair.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; every `x[t]` has `x[0].len()` blocks and every `w[r]` at
+/// least that many.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows8_avx2_impl<const N: usize>(
+    w: [&[BlockQ4_K]; 8],
+    x: [&[BlockQ8_K]; N],
+) -> [[f32; 8]; N] {
+    let nb = x[0].len();
+    let m4 = _mm256_set1_epi8(0x0F);
+    let (k1, k2, k3) = (
+        _mm256_set1_epi32(0x3f3f_3f3f),
+        _mm256_set1_epi32(0x0f0f_0f0f),
+        _mm256_set1_epi32(0x0303_0303),
+    );
+    let sel_pair: [__m256i; 4] = std::array::from_fn(|k| {
+        let c = byte_select(k, true);
+        // SAFETY: `c` is 32 readable bytes; `loadu` has no alignment requirement.
+        unsafe { _mm256_loadu_si256(c.as_ptr().cast()) }
+    });
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_min = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        // SAFETY: i < nb <= w[r].len() (caller): each pointer is a whole 144-byte block.
+        let b: [*const u8; 8] = std::array::from_fn(|r| unsafe { w[r].as_ptr().add(i).cast() });
+        // SAFETY: as above, for x[t].
+        let bx: [&BlockQ8_K; N] = std::array::from_fn(|t| unsafe { x[t].get_unchecked(i) });
+        // As in `rows8_impl`: lane r of h[0] = d | dmin << 16, of h[1..4] the scales' u32s.
+        // SAFETY: each block has 144 readable bytes.
+        let h = unsafe { dwords8(&b, 0) };
+        let (dw, dmin) = d_dmin_f32(h[0]);
+        let (u0, u1, u2) = (h[1], h[2], h[3]);
+        let sc_lo = _mm256_and_si256(u0, k1);
+        let sc_hi = _mm256_or_si256(
+            _mm256_and_si256(u2, k2),
+            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), k3)),
+        );
+        let m_lo = _mm256_and_si256(u1, k1);
+        let m_hi = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi32::<4>(u2), k2),
+            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), k3)),
+        );
+        // Per sub-block k: each row's scale and min as the i16 pairs (s_k, s_k), (m_k, m_k).
+        let mut sc = [_mm256_setzero_si256(); 8];
+        let mut mins_k = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            sc[k] = _mm256_shuffle_epi8(sc_lo, sel_pair[k]);
+            sc[k + 4] = _mm256_shuffle_epi8(sc_hi, sel_pair[k]);
+            mins_k[k] = _mm256_shuffle_epi8(m_lo, sel_pair[k]);
+            mins_k[k + 4] = _mm256_shuffle_epi8(m_hi, sel_pair[k]);
+        }
+        let mut isum = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            // Dword j of the rows' chunk c: j < 4 from its first 16 bytes, j >= 4 the second.
+            // SAFETY: 16 + 32c + 32 <= 144 bytes of each block.
+            let (t0, t1) = unsafe { (dwords8(&b, 16 + 32 * c), dwords8(&b, 32 + 32 * c)) };
+            let tj = [t0[0], t0[1], t0[2], t0[3], t1[0], t1[1], t1[2], t1[3]];
+            // Sub-block 2c (low nibbles, activations 64c..) for every token, then 2c + 1
+            // (high nibbles, activations 64c + 32..): 8 weight registers live at a time.
+            for half in 0..2 {
+                let q: [__m256i; 8] = std::array::from_fn(|j| {
+                    let v = if half == 0 {
+                        tj[j]
+                    } else {
+                        _mm256_srli_epi16::<4>(tj[j])
+                    };
+                    _mm256_and_si256(v, m4)
+                });
+                for t in 0..N {
+                    let y = bx[t].qs.as_ptr().cast::<u8>();
+                    let o = 64 * c + 32 * half;
+                    // SAFETY: o + 32 <= 256 quants; 4 readable bytes at each dword.
+                    let s = unsafe {
+                        let mut s = _mm256_maddubs_epi16(q[0], broadcast_dword(y.add(o)));
+                        for (j, qj) in q.iter().enumerate().skip(1) {
+                            let yj = broadcast_dword(y.add(o + 4 * j));
+                            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*qj, yj));
+                        }
+                        s
+                    };
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s, sc[2 * c + half]));
+                }
+            }
+        }
+        for t in 0..N {
+            let bs = bx[t].bsums.as_ptr().cast::<u8>();
+            let mut mins = _mm256_setzero_si256();
+            for (k, mk) in mins_k.iter().enumerate() {
+                // SAFETY: 4k + 4 <= 32 bytes of bsums.
+                let pair = unsafe { broadcast_dword(bs.add(4 * k)) };
+                mins = _mm256_add_epi32(mins, _mm256_madd_epi16(*mk, pair));
+            }
+            let dx = _mm256_set1_ps(bx[t].d());
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, dx), acc[t]);
+            acc_min[t] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(mins),
+                _mm256_mul_ps(dmin, dx),
+                acc_min[t],
+            );
+        }
+    }
+    let mut out = [[0.0f32; 8]; N];
+    for t in 0..N {
+        // SAFETY: `out[t]` is 8 writable f32; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_sub_ps(acc[t], acc_min[t])) };
+    }
+    out
+}
+
+/// [`dot_q4_k_q8_k_rows8`] with AVX2 alone (no AVX-512 needed), the same bits.
+///
+/// # Panics
+/// If the activation rows differ in length, or a weight row is shorter than them.
+pub(super) fn dot_q4_k_q8_k_rows8_avx2<const N: usize>(
+    _: Token,
+    w: [&[BlockQ4_K]; 8],
+    x: [&[BlockQ8_K]; N],
+) -> [[f32; 8]; N] {
+    let n = x.first().map_or(0, |r| r.len());
+    assert!(x.iter().all(|r| r.len() == n), "activation rows differ");
+    assert!(w.iter().all(|r| r.len() >= n), "weight row too short");
+    if N == 0 {
+        return [[0.0; 8]; N];
+    }
+    // SAFETY: a `Token` exists only after run-time detection of AVX2, FMA and F16C; lengths
+    // checked above.
+    unsafe { rows8_avx2_impl(w, x) }
+}
+
+/// `y[t][i]` = row i of `w` (whole rows of `rb` bytes) with token t, in the order of
+/// [`super::repack::dot_q4_k_q8_k`], with AVX2 alone: 8-row groups ([`rows8_avx2_impl`]),
+/// then the rows left one at a time through `one_row` (`repack`'s AVX2 kernels).
+///
+/// # Panics
+/// If the activation rows differ in length or have fewer blocks than a weight row, or a `y[t]`
+/// is shorter than the rows of `w`.
+pub(super) fn matvec_q4_k_avx2<const N: usize>(
+    t: Token,
+    w: &[u8],
+    rb: usize,
+    x: [&[BlockQ8_K]; N],
+    y: &mut [&mut [f32]; N],
+    one_row: impl Fn(&[BlockQ4_K]) -> [f32; N],
+) {
+    let rows = w.len().checked_div(rb).unwrap_or(0);
+    assert!(y.iter().all(|y| y.len() >= rows), "y too short");
+    let row = |i: usize| -> &[BlockQ4_K] { super::block::blocks(&w[i * rb..(i + 1) * rb]) };
+    let mut i = 0;
+    while i + 8 <= rows {
+        let r = dot_q4_k_q8_k_rows8_avx2(t, std::array::from_fn(|k| row(i + k)), x);
+        for (yt, rt) in y.iter_mut().zip(r) {
+            yt[i..i + 8].copy_from_slice(&rt);
+        }
+        i += 8;
+    }
+    for i in i..rows {
+        let r = one_row(row(i));
+        for (yt, rt) in y.iter_mut().zip(r) {
+            yt[i] = rt;
+        }
+    }
 }
 
 /// 16 bytes at offset `o` of blocks `b[r]`, `b[r + 4]`, `b[r + 8]` and `b[r + 12]`, in the four
@@ -800,6 +991,78 @@ mod tests {
                             "nb={nb} {extreme}"
                         );
                         assert_eq!(got1[row].to_bits(), want.to_bits(), "nb={nb} {extreme}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX2 8-row kernel against the one-row order, bit for bit: 1, 3 and 8 tokens; rows
+    /// of 1 to 9 super-blocks; extreme blocks (all-15 quants against all -128 activations: the
+    /// i16 pair sums at their bound of 8 * 2 * 15 * 128, scales and mins 63, the largest f16
+    /// scales); then through `matvec_q4_k_avx2` on 8, 13 and 21 rows (groups and rows left).
+    #[test]
+    fn rows8_avx2_bit_identical_to_the_one_row_order() {
+        let Some(t) = Token::detect() else {
+            assert!(std::env::var_os("CI").is_none(), "CI machines have AVX2");
+            return;
+        };
+        fn check<const N: usize>(t: Token, w: &[u8], xs: &[Vec<u8>], nb: usize, what: &str) {
+            let rb = nb * 144;
+            let rows8: [&[BlockQ4_K]; 8] =
+                std::array::from_fn(|k| blocks(&w[k * rb..(k + 1) * rb]));
+            let xb: [&[BlockQ8_K]; N] = std::array::from_fn(|k| blocks(&xs[k]));
+            let got = dot_q4_k_q8_k_rows8_avx2(t, rows8, xb);
+            for (tok, x) in xb.iter().enumerate() {
+                for (row, wr) in rows8.iter().enumerate() {
+                    let want = repack::dot_q4_k_q8_k(wr, x);
+                    assert_eq!(
+                        got[tok][row].to_bits(),
+                        want.to_bits(),
+                        "{what} N={N} token {tok} row {row}"
+                    );
+                }
+            }
+        }
+        let mut r = Rng::new(47);
+        for nb in [1usize, 2, 3, 7, 9] {
+            for extreme in [false, true] {
+                let w = q4_k_rows(&mut r, 21, nb, extreme);
+                let xs: Vec<Vec<u8>> = (0..8)
+                    .map(|k| {
+                        let mut x = q8_k_row(&mut r, nb, extreme && k % 2 == 0);
+                        if k == 0 {
+                            for blk in x.chunks_exact_mut(292) {
+                                blk[..4].copy_from_slice(&0.01f32.to_le_bytes());
+                            }
+                        }
+                        x
+                    })
+                    .collect();
+                let what = format!("nb={nb} extreme={extreme}");
+                check::<1>(t, &w, &xs, nb, &what);
+                check::<3>(t, &w, &xs, nb, &what);
+                check::<8>(t, &w, &xs, nb, &what);
+                let rb = nb * 144;
+                for rows in [8usize, 13, 21] {
+                    let xb: [&[BlockQ8_K]; 8] = std::array::from_fn(|k| blocks(&xs[k]));
+                    let mut ys = vec![vec![f32::NAN; rows]; 8];
+                    let mut it = ys.iter_mut();
+                    let mut y: [&mut [f32]; 8] =
+                        std::array::from_fn(|_| it.next().unwrap().as_mut_slice());
+                    matvec_q4_k_avx2(t, &w[..rows * rb], rb, xb, &mut y, |wr| {
+                        repack::avx2::dot_q4_k_q8_k_x8(t, wr, xb)
+                    });
+                    for (tok, x) in xb.iter().enumerate() {
+                        for row in 0..rows {
+                            let wr: &[BlockQ4_K] = blocks(&w[row * rb..(row + 1) * rb]);
+                            let want = repack::dot_q4_k_q8_k(wr, x);
+                            assert_eq!(
+                                ys[tok][row].to_bits(),
+                                want.to_bits(),
+                                "{what} rows={rows} token {tok} row {row}"
+                            );
+                        }
                     }
                 }
             }
