@@ -210,8 +210,8 @@ fn q6_k_agrees_with_llama_cpp() {
 }
 
 /// Measured: top-1 367/367, max 0.0000, mean 0.00003 (bit-exact), greedy 8/8 where prefill
-/// keeps ggml's one-token order, 6/8 with the packed panels of AVX-512 VNNI machines (see
-/// `q8_0_agrees_with_llama_cpp`).
+/// keeps ggml's one-token order, 6/8 with the packed panels of AVX-512 VNNI machines and with
+/// the AVX2 set's rows in the lanes (Zen 3; the same order: see `q8_0_agrees_with_llama_cpp`).
 #[test]
 fn q5_0_agrees_with_llama_cpp() {
     check("Q5_0", 100, 0.001, 1e-4, 6);

@@ -200,17 +200,18 @@ fn multi_token_want(
     one: f32,
 ) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::Q8_0
+    if matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0)
         && k.q8_0_tokens_blockwise()
         && !all
             .iter()
             .any(|x| x.chunks(34).any(|b| b[2..].contains(&0x80)))
     {
         let row = &w[r * rb..(r + 1) * rb];
-        return super::q8_0_rows::dot_q8_0_q8_0_blockwise(
-            blocks(row),
-            &blocks(x)[..row.len() / 34],
-        );
+        return if ty == GgmlType::Q8_0 {
+            super::q8_0_rows::dot_q8_0_q8_0_blockwise(blocks(row), &blocks(x)[..row.len() / 34])
+        } else {
+            super::q8_0_rows::dot_q5_0_q8_0_blockwise(blocks(row), &blocks(x)[..row.len() / 22])
+        };
     }
     let _ = (k, ty, w, rb, r, x, all);
     one
@@ -1614,59 +1615,82 @@ fn bench_attention_rows() {
     );
 }
 
-/// The AVX2 Q8_0 kernel with rows in the lanes (`q8_0_rows.rs`) against its portable order,
-/// bit for bit: 1 to 8 tokens; row counts that fill 8-row groups and ones that leave 1 to 7
-/// rows over; rows of 1 to 600 blocks (past the 512-block chunk whose sums carry over);
-/// weights with -128 quants (exact: only the activations' sign matters), and random scales.
-/// A -128 activation quant is declined (the sign trick would wrap) without writing.
+/// The AVX2 Q8_0 / Q5_0 kernel with rows in the lanes (`q8_0_rows.rs`) against its portable
+/// order, bit for bit: 1 to 8 tokens; row counts that fill 8-row groups and ones that leave 1
+/// to 7 rows over; rows of 1 to 600 blocks (past the 512-block chunk whose sums carry over);
+/// Q8_0 weights with -128 quants (exact: only the activations' sign matters), Q5_0 rows whose
+/// values are all -16 against activations of all 127 (the i16 sums at their bound, 32,512),
+/// and random scales. A -128 activation quant is declined (the sign trick would wrap) without
+/// writing.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn q8_0_rows_match_their_portable_order() {
-    use super::q8_0_rows::{dot_q8_0_q8_0_blockwise, matvec};
+    use super::q5_0::BlockQ5_0;
+    use super::q8_0_rows::{dot_q5_0_q8_0_blockwise, dot_q8_0_q8_0_blockwise, matvec};
     let Some(t) = x86::Token::detect() else {
         assert!(std::env::var_os("CI").is_none(), "CI machines have AVX2");
         return;
     };
     let t = t.without_avx512();
     let mut r = Rng::new(808);
-    fn check<const T: usize>(t: x86::Token, r: &mut Rng, rows: usize, nb: usize) {
-        let mut w = raw_q8_0(r, rows, nb);
-        // Some -128 weight quants.
-        w[2] = 0x80;
-        let last = w.len() - 1;
-        w[last] = 0x80;
+    fn check<const T: usize>(t: x86::Token, r: &mut Rng, rows: usize, nb: usize, q5: bool) {
+        let bb = if q5 { 22 } else { 34 };
+        let w = if q5 {
+            let mut w = raw_q5_0(r, rows, nb);
+            // Row 0 all -16 (q = 0: no high bits, zero nibbles).
+            for b in w[..nb * 22].chunks_exact_mut(22) {
+                b[2..].fill(0);
+            }
+            w
+        } else {
+            let mut w = raw_q8_0(r, rows, nb);
+            // Some -128 weight quants.
+            w[2] = 0x80;
+            let last = w.len() - 1;
+            w[last] = 0x80;
+            w
+        };
         let xs: Vec<Vec<u8>> = (0..T)
-            .map(|_| {
+            .map(|k| {
                 let mut x = raw_q8_0(r, 1, nb);
-                // Activations as the quantizer writes them: -127..=127.
+                // Activations as the quantizer writes them: -127..=127; token 0 all 127.
                 x.iter_mut()
                     .enumerate()
                     .filter(|(i, _)| i % 34 >= 2)
                     .for_each(|(_, q)| {
-                        if *q == 0x80 {
+                        if k == 0 && q5 {
+                            *q = 0x7F
+                        } else if *q == 0x80 {
                             *q = 0x81
                         }
                     });
                 x
             })
             .collect();
-        let mut ys = vec![vec![f32::NAN; rows]; T];
-        {
+        let run = |xs: &[Vec<u8>], ys: &mut Vec<Vec<f32>>| {
             let mut it = ys.iter_mut();
             let mut y: [&mut [f32]; T] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
             let x: [&[BlockQ8_0]; T] = std::array::from_fn(|k| blocks(&xs[k]));
-            assert!(matvec::<T>(t, &w, nb * 34, x, &mut y));
-        }
+            if q5 {
+                matvec::<BlockQ5_0, T>(t, &w, nb * bb, x, &mut y)
+            } else {
+                matvec::<BlockQ8_0, T>(t, &w, nb * bb, x, &mut y)
+            }
+        };
+        let mut ys = vec![vec![f32::NAN; rows]; T];
+        assert!(run(&xs, &mut ys));
         for (k, y) in ys.iter().enumerate() {
             for (row, got) in y.iter().enumerate() {
-                let want = dot_q8_0_q8_0_blockwise(
-                    blocks(&w[row * nb * 34..(row + 1) * nb * 34]),
-                    blocks(&xs[k]),
-                );
+                let wr = &w[row * nb * bb..(row + 1) * nb * bb];
+                let want = if q5 {
+                    dot_q5_0_q8_0_blockwise(blocks(wr), blocks(&xs[k]))
+                } else {
+                    dot_q8_0_q8_0_blockwise(blocks(wr), blocks(&xs[k]))
+                };
                 assert_eq!(
                     got.to_bits(),
                     want.to_bits(),
-                    "{T} tokens, {rows} rows of {nb} blocks: token {k} row {row}: {got} against {want}"
+                    "q5={q5} {T} tokens, {rows} rows of {nb} blocks: token {k} row {row}: {got} against {want}"
                 );
             }
         }
@@ -1674,17 +1698,27 @@ fn q8_0_rows_match_their_portable_order() {
         let mut bad = xs.clone();
         bad[T - 1][2 + 34 * (nb - 1) + 31] = 0x80;
         let mut ys = vec![vec![f32::NAN; rows]; T];
-        let mut it = ys.iter_mut();
-        let mut y: [&mut [f32]; T] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-        let x: [&[BlockQ8_0]; T] = std::array::from_fn(|k| blocks(&bad[k]));
-        assert!(!matvec::<T>(t, &w, nb * 34, x, &mut y));
+        assert!(!run(&bad, &mut ys));
         assert!(ys.iter().flatten().all(|v| v.is_nan()));
     }
-    for (rows, nb) in [(1, 1), (8, 18), (13, 7), (37, 64), (16, 600), (5, 2)] {
-        check::<1>(t, &mut r, rows, nb);
-        check::<2>(t, &mut r, rows, nb);
-        check::<3>(t, &mut r, rows, nb);
-        check::<4>(t, &mut r, rows, nb);
-        check::<8>(t, &mut r, rows, nb);
+    for q5 in [false, true] {
+        for (rows, nb) in [(1, 1), (8, 18), (13, 7), (37, 64), (16, 600), (5, 2)] {
+            check::<1>(t, &mut r, rows, nb, q5);
+            check::<2>(t, &mut r, rows, nb, q5);
+            check::<3>(t, &mut r, rows, nb, q5);
+            check::<4>(t, &mut r, rows, nb, q5);
+            check::<8>(t, &mut r, rows, nb, q5);
+        }
     }
+}
+
+/// `n_rows` rows of `nb` Q5_0 blocks: random quants, small positive scales.
+#[cfg(target_arch = "x86_64")]
+fn raw_q5_0(r: &mut Rng, n_rows: usize, nb: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(n_rows * nb * 22);
+    for _ in 0..n_rows * nb {
+        v.extend_from_slice(&f16_le_bytes(0.001 + r.f32(1.0).abs() * 0.02));
+        v.extend(r.bytes(20));
+    }
+    v
 }
