@@ -74,6 +74,8 @@ mod q5_0;
 mod q5_1;
 mod q5_k;
 mod q6_k;
+#[cfg(target_arch = "x86_64")]
+mod q6_k_rows;
 mod q8_0;
 #[cfg(target_arch = "x86_64")]
 mod q8_0_rows;
@@ -442,6 +444,13 @@ impl Kernels {
     #[cfg(all(test, target_arch = "x86_64"))]
     pub(super) fn q8_0_tokens_blockwise(&self) -> bool {
         matches!(self.isa_for(GgmlType::Q8_0, Phase::Prefill), Isa::Avx2(t) if !t.avx512())
+    }
+
+    /// Whether this is an x86 set (AVX2, with or without AVX-512), whose 8-token Q5_0 and Q6_K
+    /// kernels add in another order than one token (`q8_0_rows.rs`, `q6_k_rows.rs`).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(super) fn x86_set(&self) -> bool {
+        matches!(self.isa, Isa::Avx2(_))
     }
 
     /// The instruction set for `w_ty`'s matmuls in `phase`.
@@ -1422,6 +1431,44 @@ fn avx512_biased_tokens<const N: usize>(
 }
 
 impl Kernels {
+    /// The `N` tokens (1 to 7) that a batch's 8-token groups left, for the weight types whose
+    /// order in a batch of 8 or more tokens differs from one token's in llama.cpp, so that a
+    /// prompt's every token follows llama.cpp's batched path: Q6_K on x86 (its "tiled" order,
+    /// `q6_k_rows.rs`, which [`Kernels::matvec_tokens8`] gives the groups). `false` (nothing
+    /// written) elsewhere: the caller then takes [`Kernels::matvec_tokens`] and
+    /// [`Kernels::matvec`], whose order is llama.cpp's for any batch.
+    ///
+    /// # Panics
+    /// As [`Kernels::matvec_tokens`].
+    pub fn matvec_tokens_batched<const N: usize>(
+        &self,
+        w_ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        x_q: [&[u8]; N],
+        rows: Range<usize>,
+        y: [&mut [f32]; N],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            if w_ty == GgmlType::Q6_K && (1..MATVEC_TOKENS8).contains(&N) {
+                let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+                assert!(
+                    y.iter().all(|y| y.len() == rows.len()),
+                    "matvec: y must have one slot per row"
+                );
+                let x = x_q.map(|x| blocks::<BlockQ8_K>(&x[..xb]));
+                let mut y = y;
+                q6_k_rows::matvec::<N>(t, w_rows, rb, x, &mut y);
+                return true;
+            }
+        }
+        let _ = (w_ty, n, w, x_q, rows, y);
+        false
+    }
+}
+
+impl Kernels {
     /// [`Kernels::matvec_tokens`] for the decode steps of `N` sessions decoding together (`N`
     /// from 2 to [`MATVEC_TOKENS`]), whose results need not be bit-identical to one token at a
     /// time: a group's logits are a lone session's up to the multi-token kernels' rounding, as
@@ -1503,6 +1550,25 @@ impl Kernels {
             if !t.avx512() && matches!(w_ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
                 return avx2_q8_0_tokens8(t, w_ty, n, w, x_q, rows, y);
             }
+            // Q5_0 with AVX-512 (where the packed panels do not take it first: their order is
+            // this one) as without: so that the kernel choice between the two sets never changes
+            // a result.
+            let mut y = y;
+            if w_ty == GgmlType::Q5_0 {
+                let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+                assert!(
+                    x_q.iter().all(|x| x.len() >= xb),
+                    "matvec: activation too short"
+                );
+                assert!(
+                    y.iter().all(|y| y.len() == rows.len()),
+                    "matvec: y must have one slot per row"
+                );
+                let x = x_q.map(|x| blocks::<BlockQ8_0>(&x[..xb]));
+                if q8_0_rows::matvec::<q5_0::BlockQ5_0, MATVEC_TOKENS8>(t, w_rows, rb, x, &mut y) {
+                    return true;
+                }
+            }
             // Q4_1 (never repacked by llama.cpp) on AVX2: one row at a time with 8 tokens, the
             // tokens' scales converted once per call; ggml's order. Zen 3, 256 rows of SmolLM2's
             // `ffn_up` in cache (best of 7): 1.05 ns per row, block and token with 4 tokens (two
@@ -1540,6 +1606,21 @@ impl Kernels {
                     33..=128 => scaled!(128),
                     _ => scaled!(512),
                 }
+                return true;
+            }
+            // Q6_K: llama.cpp's batched order with 8 rows in the lanes (`q6_k_rows.rs`), on
+            // both x86 sets (so that the kernel choice between them never changes a result).
+            // Zen 3, 256 rows of SmolLM2's `ffn_down` in cache, best of 7: 5.9 ns per row,
+            // super-block and token in ggml's one-token order, 4.2 here.
+            if w_ty == GgmlType::Q6_K {
+                let (rb, xb, w_rows) = matrix_rows(w_ty, n, w, &rows);
+                assert!(
+                    y.iter().all(|y| y.len() == rows.len()),
+                    "matvec: y must have one slot per row"
+                );
+                let x = x_q.map(|x| blocks::<BlockQ8_K>(&x[..xb]));
+                let mut y = y;
+                q6_k_rows::matvec::<MATVEC_TOKENS8>(t, w_rows, rb, x, &mut y);
                 return true;
             }
             // IQ4_XS (never repacked by llama.cpp on x86) on AVX2: one row at a time with 8
@@ -1678,7 +1759,6 @@ impl Kernels {
                 }
                 return true;
             }
-            let mut y = y;
             if w_ty == GgmlType::Q4_0 {
                 let x = x_q.map(|x| blocks(&x[..xb]));
                 q4_0_rows::matvec_x8_q4_0(t, w_rows, rb, x, &mut y);

@@ -71,7 +71,7 @@ fn transpose_4x4(v: [__m256i; 4]) -> [__m256i; 4] {
 /// 16 readable bytes at offset `o` of each block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dwords8(b: &[*const u8; 8], o: usize) -> [__m256i; 4] {
+pub(super) unsafe fn dwords8(b: &[*const u8; 8], o: usize) -> [__m256i; 4] {
     // SAFETY: as the caller's.
     unsafe {
         transpose_4x4([
@@ -89,7 +89,7 @@ unsafe fn dwords8(b: &[*const u8; 8], o: usize) -> [__m256i; 4] {
 /// 4 readable bytes at `p`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn broadcast_dword(p: *const u8) -> __m256i {
+pub(super) unsafe fn broadcast_dword(p: *const u8) -> __m256i {
     // SAFETY: 4 readable bytes (caller); `read_unaligned` has no alignment requirement.
     _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }

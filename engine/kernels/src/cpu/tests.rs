@@ -200,8 +200,12 @@ fn multi_token_want(
     one: f32,
 ) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0)
-        && k.q8_0_tokens_blockwise()
+    if ty == GgmlType::Q6_K && k.x86_set() {
+        let row = &w[r * rb..(r + 1) * rb];
+        return super::q6_k_rows::dot_q6_k_q8_k_tiled(blocks(row), &blocks(x)[..row.len() / 210]);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if (ty == GgmlType::Q8_0 && k.q8_0_tokens_blockwise() || ty == GgmlType::Q5_0 && k.x86_set())
         && !all
             .iter()
             .any(|x| x.chunks(34).any(|b| b[2..].contains(&0x80)))
@@ -215,6 +219,70 @@ fn multi_token_want(
     }
     let _ = (k, ty, w, rb, r, x, all);
     one
+}
+
+/// The tokens a batch's 8-token groups leave (`matvec_tokens_batched`, 1 to 4 at a time as the
+/// executor asks): Q6_K on the x86 sets in llama.cpp's batched order, bit for bit against its
+/// reference ([`super::q6_k_rows::dot_q6_k_q8_k_tiled`]), on 8-row groups and rows left over;
+/// declined without writing for other types and sets.
+#[test]
+fn batch_tail_takes_the_batched_order() {
+    fn check<const N: usize>(k: &Kernels, r: &mut Rng, ty: GgmlType) {
+        let (n, rows, range) = (768usize, 13usize, 2..13usize);
+        let w: Vec<u8> = (0..rows).flat_map(|_| any_weight_row(r, ty, n)).collect();
+        let xt = ty.vec_dot_type();
+        let xs: Vec<Vec<u8>> = (0..N)
+            .map(|_| {
+                let mut b = vec![0u8; bytes_of(xt, n)];
+                k.quantize_row(xt, &r.vec(n, 1.0), &mut b).unwrap();
+                b
+            })
+            .collect();
+        let mut got = vec![vec![f32::NAN; range.len()]; N];
+        let mut it = got.iter_mut();
+        let ys: [&mut [f32]; N] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+        let xq: [&[u8]; N] = std::array::from_fn(|t| &xs[t][..]);
+        let done = k.matvec_tokens_batched(ty, n, &w, xq, range.clone(), ys);
+        let x86 = ["avx2", "avx512"].contains(&k.isa_name());
+        assert_eq!(
+            done,
+            x86 && ty == GgmlType::Q6_K,
+            "{} {ty} N={N}",
+            k.isa_name()
+        );
+        if !done {
+            assert!(
+                got.iter().flatten().all(|v| v.is_nan()),
+                "declined but wrote"
+            );
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        for (t, x) in xs.iter().enumerate() {
+            let rb = bytes_of(ty, n);
+            for (i, row) in range.clone().enumerate() {
+                let want = super::q6_k_rows::dot_q6_k_q8_k_tiled(
+                    blocks(&w[row * rb..(row + 1) * rb]),
+                    blocks(x),
+                );
+                assert_eq!(
+                    got[t][i].to_bits(),
+                    want.to_bits(),
+                    "{} N={N} token {t} row {row}",
+                    k.isa_name()
+                );
+            }
+        }
+    }
+    let mut r = Rng::new(78);
+    for k in all_kernels() {
+        for ty in [GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q8_0] {
+            check::<1>(&k, &mut r, ty);
+            check::<2>(&k, &mut r, ty);
+            check::<3>(&k, &mut r, ty);
+            check::<4>(&k, &mut r, ty);
+        }
+    }
 }
 
 /// The multi-token kernels give, for every token, exactly the bits of the one-token matvec, on
@@ -357,11 +425,14 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
             (GgmlType::Q8_0, 16, 0..16),
             (GgmlType::Q8_0, 24, 0..24),
             (GgmlType::Q8_0, 24, 5..21),
+            // Q6_K: llama.cpp's batched order, 8-row groups and rows left over.
+            (GgmlType::Q6_K, 7, 0..7),
+            (GgmlType::Q6_K, 40, 3..40),
         ] {
             // 7 blocks (odd) for Q5_0, which llama.cpp never repacks; 256 for the others.
             let n = if matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
                 224
-            } else if matches!(ty, GgmlType::Q4_K | GgmlType::IQ4_XS) {
+            } else if matches!(ty, GgmlType::Q4_K | GgmlType::IQ4_XS | GgmlType::Q6_K) {
                 // Three super-blocks.
                 768
             } else {
@@ -399,8 +470,13 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 k.isa_name()
             );
             assert!(
-                done || k.isa_name() != "avx2" || ty != GgmlType::IQ4_XS,
+                done || k.isa_name() != "avx2" || !matches!(ty, GgmlType::IQ4_XS | GgmlType::Q4_K),
                 "avx2 declined {ty}"
+            );
+            assert!(
+                done || !["avx2", "avx512"].contains(&k.isa_name()) || ty != GgmlType::Q6_K,
+                "{} declined {ty}",
+                k.isa_name()
             );
             if !done {
                 assert!(
@@ -427,13 +503,13 @@ fn matvec_tokens8_equals_one_token_at_a_time() {
                 );
             }
         }
-        // Q6_K has no 8-token kernel.
-        let w = vec![0u8; bytes_of(GgmlType::Q6_K, 256)];
+        // Q2_K has no 8-token kernel.
+        let w = vec![0u8; bytes_of(GgmlType::Q2_K, 256)];
         let x = vec![0u8; bytes_of(GgmlType::Q8_K, 256)];
         let mut ys = [[0.0f32; 1]; MATVEC_TOKENS8];
         let [a, b, c, d, e, f, g, h] = &mut ys;
         assert!(!k.matvec_tokens8(
-            GgmlType::Q6_K,
+            GgmlType::Q2_K,
             256,
             &w,
             [&x[..]; MATVEC_TOKENS8],

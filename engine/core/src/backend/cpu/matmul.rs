@@ -126,6 +126,21 @@ impl OpCtx<'_> {
         t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
             k.matvec_tokens8(wt, n, bytes, xs, rows.clone(), ys)
         });
+        // A batch of 8 tokens or more: where llama.cpp adds such a batch in another order than
+        // one token (Q6_K), the tokens the groups left take that order too.
+        if n_tok >= MATVEC_TOKENS8 {
+            macro_rules! batched {
+                ($n:expr) => {
+                    self.token_groups::<{ $n }>(out, xq, xrb, t, n_tok, &rows, |xs, ys| {
+                        k.matvec_tokens_batched(wt, n, bytes, xs, rows.clone(), ys)
+                    })
+                };
+            }
+            t = batched!(MATVEC_TOKENS);
+            t = batched!(3);
+            t = batched!(2);
+            t = batched!(1);
+        }
         // The logits of sessions decoding together need not match one token's bits (their
         // kernel may add in another order: no later layer requantizes them, so the rounding
         // stays that small); their layers, and a prompt's tokens, keep ggml's order.
