@@ -1691,16 +1691,17 @@ fn bench_attention_rows() {
     );
 }
 
-/// The AVX2 Q8_0 / Q5_0 kernel with rows in the lanes (`q8_0_rows.rs`) against its portable
-/// order, bit for bit: 1 to 8 tokens; row counts that fill 8-row groups and ones that leave 1
+/// The AVX2 Q8_0 / Q5_0 / IQ4_NL kernel with rows in the lanes (`q8_0_rows.rs`) against its
+/// portable order (IQ4_NL: llama.cpp's repacked one, `repack::dot_iq4_nl_q8_0`), bit for bit: 1 to 8 tokens; row counts that fill 8-row groups and ones that leave 1
 /// to 7 rows over; rows of 1 to 600 blocks (past the 512-block chunk whose sums carry over);
 /// Q8_0 weights with -128 quants (exact: only the activations' sign matters), Q5_0 rows whose
-/// values are all -16 against activations of all 127 (the i16 sums at their bound, 32,512),
-/// and random scales. A -128 activation quant is declined (the sign trick would wrap) without
+/// values are all -16 and IQ4_NL rows of all -127 against activations of all 127 (Q5_0's i16
+/// sums at their bound, 32,512), and random scales. A -128 activation quant is declined (the sign trick would wrap) without
 /// writing.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn q8_0_rows_match_their_portable_order() {
+    use super::iq4_nl::BlockIq4Nl;
     use super::q5_0::BlockQ5_0;
     use super::q8_0_rows::{dot_q5_0_q8_0_blockwise, dot_q8_0_q8_0_blockwise, matvec};
     let Some(t) = x86::Token::detect() else {
@@ -1709,9 +1710,21 @@ fn q8_0_rows_match_their_portable_order() {
     };
     let t = t.without_avx512();
     let mut r = Rng::new(808);
-    fn check<const T: usize>(t: x86::Token, r: &mut Rng, rows: usize, nb: usize, q5: bool) {
-        let bb = if q5 { 22 } else { 34 };
-        let w = if q5 {
+    // kind: 0 Q8_0, 1 Q5_0, 2 IQ4_NL.
+    fn check<const T: usize>(t: x86::Token, r: &mut Rng, rows: usize, nb: usize, kind: u8) {
+        let q5 = kind == 1;
+        let bb = [34, 22, 18][kind as usize];
+        let w = if kind == 2 {
+            let mut w = r.bytes(rows * nb * 18);
+            for b in w.chunks_exact_mut(18) {
+                b[..2].copy_from_slice(&f16_le_bytes(0.001 + r.f32(1.0).abs() * 0.02));
+            }
+            // Row 0 all -127 (index 0) against token 0's all 127 below.
+            for b in w[..nb * 18].chunks_exact_mut(18) {
+                b[2..].fill(0);
+            }
+            w
+        } else if q5 {
             let mut w = raw_q5_0(r, rows, nb);
             // Row 0 all -16 (q = 0: no high bits, zero nibbles).
             for b in w[..nb * 22].chunks_exact_mut(22) {
@@ -1734,7 +1747,7 @@ fn q8_0_rows_match_their_portable_order() {
                     .enumerate()
                     .filter(|(i, _)| i % 34 >= 2)
                     .for_each(|(_, q)| {
-                        if k == 0 && q5 {
+                        if k == 0 && kind != 0 {
                             *q = 0x7F
                         } else if *q == 0x80 {
                             *q = 0x81
@@ -1747,7 +1760,9 @@ fn q8_0_rows_match_their_portable_order() {
             let mut it = ys.iter_mut();
             let mut y: [&mut [f32]; T] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
             let x: [&[BlockQ8_0]; T] = std::array::from_fn(|k| blocks(&xs[k]));
-            if q5 {
+            if kind == 2 {
+                matvec::<BlockIq4Nl, T>(t, &w, nb * bb, x, &mut y)
+            } else if q5 {
                 matvec::<BlockQ5_0, T>(t, &w, nb * bb, x, &mut y)
             } else {
                 matvec::<BlockQ8_0, T>(t, &w, nb * bb, x, &mut y)
@@ -1758,7 +1773,9 @@ fn q8_0_rows_match_their_portable_order() {
         for (k, y) in ys.iter().enumerate() {
             for (row, got) in y.iter().enumerate() {
                 let wr = &w[row * nb * bb..(row + 1) * nb * bb];
-                let want = if q5 {
+                let want = if kind == 2 {
+                    super::repack::dot_iq4_nl_q8_0(blocks(wr), blocks(&xs[k]))
+                } else if q5 {
                     dot_q5_0_q8_0_blockwise(blocks(wr), blocks(&xs[k]))
                 } else {
                     dot_q8_0_q8_0_blockwise(blocks(wr), blocks(&xs[k]))
@@ -1766,7 +1783,7 @@ fn q8_0_rows_match_their_portable_order() {
                 assert_eq!(
                     got.to_bits(),
                     want.to_bits(),
-                    "q5={q5} {T} tokens, {rows} rows of {nb} blocks: token {k} row {row}: {got} against {want}"
+                    "kind {kind}: {T} tokens, {rows} rows of {nb} blocks: token {k} row {row}: {got} against {want}"
                 );
             }
         }
@@ -1777,13 +1794,13 @@ fn q8_0_rows_match_their_portable_order() {
         assert!(!run(&bad, &mut ys));
         assert!(ys.iter().flatten().all(|v| v.is_nan()));
     }
-    for q5 in [false, true] {
+    for kind in 0..3 {
         for (rows, nb) in [(1, 1), (8, 18), (13, 7), (37, 64), (16, 600), (5, 2)] {
-            check::<1>(t, &mut r, rows, nb, q5);
-            check::<2>(t, &mut r, rows, nb, q5);
-            check::<3>(t, &mut r, rows, nb, q5);
-            check::<4>(t, &mut r, rows, nb, q5);
-            check::<8>(t, &mut r, rows, nb, q5);
+            check::<1>(t, &mut r, rows, nb, kind);
+            check::<2>(t, &mut r, rows, nb, kind);
+            check::<3>(t, &mut r, rows, nb, kind);
+            check::<4>(t, &mut r, rows, nb, kind);
+            check::<8>(t, &mut r, rows, nb, kind);
         }
     }
 }
