@@ -904,7 +904,23 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q8_0) => {
                 let xb = blocks(x);
                 let sign_ok = avx2::sign_trick_exact(t, xb);
-                rows_with!(|wr| avx2::dot_q8_0_q8_0_with(t, blocks(wr), xb, sign_ok))
+                if sign_ok {
+                    // Two rows per call, the same bits: their `fma` chains interleave. Zen 3,
+                    // one thread, the Gemma-3-class 262,144 x 640 head: 1.9 -> 1.7 ns per row
+                    // and block from memory, 1.80 -> 1.57 in cache; its decode 88-96 -> 92-97
+                    // tok/s (2 threads, alternating).
+                    let (y2, y1) = y.split_at_mut(y.len() / 2 * 2);
+                    let (w2, w1) = w.split_at(y2.len() * rb);
+                    for (ys, ws) in y2.chunks_exact_mut(2).zip(w2.chunks_exact(2 * rb)) {
+                        let pair = [blocks(&ws[..rb]), blocks(&ws[rb..])];
+                        ys.copy_from_slice(&avx2::dot_q8_0_q8_0_sign_rows2(t, pair, xb));
+                    }
+                    for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+                        *yi = avx2::dot_q8_0_q8_0_with(t, blocks(wr), xb, true);
+                    }
+                } else {
+                    rows_with!(|wr| avx2::dot_q8_0_q8_0_with(t, blocks(wr), xb, sign_ok))
+                }
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0) => {

@@ -85,7 +85,7 @@ pub(super) fn avx512_detected() -> bool {
 /// streams every weight from memory once and the hardware prefetchers alone keep too few cache
 /// lines in flight (they restart at every 4 KiB page); one prefetch per block, spread through the
 /// loop, keeps the memory busy without a separate burst of prefetch instructions.
-const PREFETCH_DISTANCE: usize = 2048;
+pub(super) const PREFETCH_DISTANCE: usize = 2048;
 
 /// Hints the CPU to fetch the cache line `PREFETCH_DISTANCE` bytes after `block`.
 #[inline(always)]
