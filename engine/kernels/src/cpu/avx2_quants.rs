@@ -116,6 +116,58 @@ unsafe fn dot_q5_0_q8_0_impl(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
     hsum(acc)
 }
 
+/// [`dot_q5_0_q8_0_impl`] of two weight rows, each row's lanes and f32 operations the one-row
+/// kernel's (the same bits): the rows' `fma` chains interleave (a decode step's short rows
+/// waited on one), and they share the activation's load, its scale and its offset products
+/// (`maddubs(16, y)` depends on the activation alone).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; `n` is at most the length of both rows and of `x`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_q8_0_rows2_impl(w: [&[BlockQ5_0]; 2], x: &[BlockQ8_0], n: usize) -> [f32; 2] {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let (sixteen, ones) = (_mm256_set1_epi8(16), _mm256_set1_epi16(1));
+    for i in 0..n {
+        // SAFETY: i < n <= every row's length (caller).
+        let (b0, b1, bx) = unsafe {
+            (
+                w[0].get_unchecked(i),
+                w[1].get_unchecked(i),
+                x.get_unchecked(i),
+            )
+        };
+        // [d_w0, d_w1, d_x, d_x] -> lanes 0, 1: d_w0 * d_x, d_w1 * d_x.
+        let h = f16_pair2(
+            [b0.d[0], b0.d[1], b1.d[0], b1.d[1]],
+            [bx.d[0], bx.d[1], bx.d[0], bx.d[1]],
+        );
+        let d = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+        let y = load_q8(&bx.qs);
+        let oy = _mm256_maddubs_epi16(sixteen, y);
+        let (q0, q1) = (q5_quants(&b0.qh, &b0.qs), q5_quants(&b1.qh, &b1.qs));
+        let l0 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q0, y), oy), ones);
+        let l1 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q1, y), oy), ones);
+        acc[0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(l0), acc[0]);
+        acc[1] = _mm256_fmadd_ps(
+            _mm256_broadcastss_ps(_mm_movehdup_ps(d)),
+            _mm256_cvtepi32_ps(l1),
+            acc[1],
+        );
+    }
+    [hsum(acc[0]), hsum(acc[1])]
+}
+
+/// [`dot_q5_0_q8_0`] of two weight rows, bit-identical to two calls.
+///
+/// # Panics
+/// If the rows differ in length or the activation is shorter.
+pub(super) fn dot_q5_0_q8_0_rows2(_: Token, w: [&[BlockQ5_0]; 2], x: &[BlockQ8_0]) -> [f32; 2] {
+    let n = w[0].len();
+    assert!(w[1].len() == n && x.len() >= n, "row lengths differ");
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
+    unsafe { dot_q5_0_q8_0_rows2_impl(w, x, n) }
+}
+
 /// [`dot_q5_0_q8_0_impl`] of one weight row with `N` activation rows: each weight block is
 /// unpacked once for all tokens; every token's lanes and f32 operations are the one-row
 /// kernel's.

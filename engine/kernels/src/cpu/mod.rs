@@ -924,7 +924,25 @@ impl Kernels {
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0) => {
-                rows_with!(|wr| avx2_quants::dot_q5_0_q8_0(t, blocks(wr), blocks(x)))
+                // Two rows per call, the same bits (see `dot_q5_0_q8_0_rows2`). Zen 3, one
+                // thread, SmolLM2's 1536 x 576 `ffn_up` in cache: 2.89 -> 2.39 ns per row and
+                // block; 2 threads, alternating: SmolLM2 Q4_K_M tg 160-169 -> 170-175 tok/s,
+                // the Gemma-3-class file 93-95 -> 96-103 (with the Q8_0 pairs).
+                let xb = blocks(x);
+                let (y2, y1) = y.split_at_mut(y.len() / 2 * 2);
+                let (w2, w1) = w.split_at(y2.len() * rb);
+                for (p, (ys, ws)) in y2
+                    .chunks_exact_mut(2)
+                    .zip(w2.chunks_exact(2 * rb))
+                    .enumerate()
+                {
+                    prefetch_ahead(w, (2 * p + 2) * rb + PREFETCH_BYTES, 2 * rb);
+                    let pair = [blocks(&ws[..rb]), blocks(&ws[rb..])];
+                    ys.copy_from_slice(&avx2_quants::dot_q5_0_q8_0_rows2(t, pair, xb));
+                }
+                for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
+                    *yi = avx2_quants::dot_q5_0_q8_0(t, blocks(wr), xb);
+                }
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_1) => {
