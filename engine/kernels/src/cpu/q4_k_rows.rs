@@ -108,6 +108,30 @@ fn byte_select(k: usize, pair: bool) -> [u8; 32] {
     c
 }
 
+/// ggml's unpacking of the 6-bit scales and mins (`get_scale_min_k4`, 4 at a time) for 8 rows
+/// in the lanes: from the three scale u32s of each row (`u[i]` lane r = `scales[4i..4i + 4]`
+/// of row r) to `[sc_lo, sc_hi, m_lo, m_hi]`, whose bytes are scales 0..3, scales 4..7, mins
+/// 0..3 and mins 4..7 of each row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_scales_mins_lanes(u: [__m256i; 3]) -> [__m256i; 4] {
+    let (k1, k2, k3) = (
+        _mm256_set1_epi32(0x3f3f_3f3f),
+        _mm256_set1_epi32(0x0f0f_0f0f),
+        _mm256_set1_epi32(0x0303_0303),
+    );
+    let [u0, u1, u2] = u;
+    // (Written out, not through a closure: a closure need not be inlined with the features.)
+    let high0 = _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), k3));
+    let high1 = _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), k3));
+    [
+        _mm256_and_si256(u0, k1),
+        _mm256_or_si256(_mm256_and_si256(u2, k2), high0),
+        _mm256_and_si256(u1, k1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), k2), high1),
+    ]
+}
+
 /// Rows 8 at a time, `N` tokens: `out[t][r]` = row r with token t, as [`super::repack`]'s
 /// one-row order.
 ///
@@ -118,11 +142,6 @@ fn byte_select(k: usize, pair: bool) -> [u8; 32] {
 unsafe fn rows8_impl<const N: usize>(w: [&[BlockQ4_K]; 8], x: [&[BlockQ8_K]; N]) -> [[f32; 8]; N] {
     let nb = x[0].len();
     let m4 = _mm256_set1_epi8(0x0F);
-    let (k1, k2, k3) = (
-        _mm256_set1_epi32(0x3f3f_3f3f),
-        _mm256_set1_epi32(0x0f0f_0f0f),
-        _mm256_set1_epi32(0x0303_0303),
-    );
     let load_ctrl = |c: [u8; 32]| {
         // SAFETY: `c` is 32 readable bytes; `loadu` has no alignment requirement.
         unsafe { _mm256_loadu_si256(c.as_ptr().cast()) }
@@ -145,17 +164,7 @@ unsafe fn rows8_impl<const N: usize>(w: [&[BlockQ4_K]; 8], x: [&[BlockQ8_K]; N])
         let dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(h[0])));
         // ggml's unpacking of the 6-bit scales and mins (`get_scale_min_k4` for 4 at a time):
         // bytes of sc_lo = scales 0..3, sc_hi = 4..7, m_lo = mins 0..3, m_hi = 4..7.
-        let (u0, u1, u2) = (h[1], h[2], h[3]);
-        let sc_lo = _mm256_and_si256(u0, k1);
-        let sc_hi = _mm256_or_si256(
-            _mm256_and_si256(u2, k2),
-            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), k3)),
-        );
-        let m_lo = _mm256_and_si256(u1, k1);
-        let m_hi = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi32::<4>(u2), k2),
-            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), k3)),
-        );
+        let [sc_lo, sc_hi, m_lo, m_hi] = k4_scales_mins_lanes([h[1], h[2], h[3]]);
         // Per sub-block k: each row's scale as i32, and its min as the i16 pair (m_k, m_k).
         let mut sc = [_mm256_setzero_si256(); 8];
         let mut mins_k = [_mm256_setzero_si256(); 8];
@@ -261,11 +270,6 @@ unsafe fn rows8_avx2_impl<const N: usize>(
 ) -> [[f32; 8]; N] {
     let nb = x[0].len();
     let m4 = _mm256_set1_epi8(0x0F);
-    let (k1, k2, k3) = (
-        _mm256_set1_epi32(0x3f3f_3f3f),
-        _mm256_set1_epi32(0x0f0f_0f0f),
-        _mm256_set1_epi32(0x0303_0303),
-    );
     let sel_pair: [__m256i; 4] = std::array::from_fn(|k| {
         let c = byte_select(k, true);
         // SAFETY: `c` is 32 readable bytes; `loadu` has no alignment requirement.
@@ -282,17 +286,7 @@ unsafe fn rows8_avx2_impl<const N: usize>(
         // SAFETY: each block has 144 readable bytes.
         let h = unsafe { dwords8(&b, 0) };
         let (dw, dmin) = d_dmin_f32(h[0]);
-        let (u0, u1, u2) = (h[1], h[2], h[3]);
-        let sc_lo = _mm256_and_si256(u0, k1);
-        let sc_hi = _mm256_or_si256(
-            _mm256_and_si256(u2, k2),
-            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), k3)),
-        );
-        let m_lo = _mm256_and_si256(u1, k1);
-        let m_hi = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi32::<4>(u2), k2),
-            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), k3)),
-        );
+        let [sc_lo, sc_hi, m_lo, m_hi] = k4_scales_mins_lanes([h[1], h[2], h[3]]);
         // Per sub-block k: each row's scale and min as the i16 pairs (s_k, s_k), (m_k, m_k).
         let mut sc = [_mm256_setzero_si256(); 8];
         let mut mins_k = [_mm256_setzero_si256(); 8];
