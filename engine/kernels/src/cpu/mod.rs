@@ -1884,12 +1884,12 @@ fn avx2_q8_0_tokens8(
 
 impl Kernels {
     /// Whether prefill of the `w_ty` matrix `w` (whole, rows of `n` values) runs through packed
-    /// panels here ([`Kernels::pack_panels`], [`Kernels::matmul_panels8`]): on the AVX-512 set
+    /// panels here ([`Kernels::pack_panels`], [`Kernels::matmul_panels8`]): on the x86 sets
     /// (as chosen for the type's prefill), rows of at most [`PANEL_MAX_BLOCKS`] blocks of 32 of
-    /// Q8_0, Q5_0 and IQ4_XS, and Q4_0 and IQ4_NL matrices whose rows llama.cpp repacks (a
-    /// multiple of 8 rows). Results are bit-identical to one token at a time for Q4_0 and
-    /// IQ4_NL, not for Q8_0, Q5_0 and IQ4_XS (see `panels.rs`). `EDGE_RUN_PANELS=0` turns them
-    /// off.
+    /// Q8_0 and Q5_0, of IQ4_XS on the AVX-512 set only, and Q4_0 and IQ4_NL matrices whose
+    /// rows llama.cpp repacks (a multiple of 8 rows). Results are bit-identical to one token at
+    /// a time for Q4_0 and IQ4_NL, not for Q8_0, Q5_0 and IQ4_XS (see `panels.rs`); both sets
+    /// give the same bits. `EDGE_RUN_PANELS=0` turns them off.
     pub fn panels_for(&self, w_ty: GgmlType, n: usize, w: &[u8]) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
@@ -1901,7 +1901,9 @@ impl Kernels {
                 GgmlType::Q4_0 | GgmlType::IQ4_NL => repack::repacked_shape(n_rows),
                 _ => false,
             };
-            return t.avx512()
+            // AVX2 without AVX-512: the blocks of 32 values (`panels::matmul8_avx2`).
+            let set = t.avx512() || w_ty != GgmlType::IQ4_XS;
+            return set
                 && typed
                 && n.is_multiple_of(QK)
                 && n / QK <= PANEL_MAX_BLOCKS
@@ -1919,12 +1921,20 @@ impl Kernels {
     /// 212 / 183. The other types' 8-token kernels keep ggml's lane sums per block (3.5
     /// instructions per row, block and token), and the panels win from 8 tokens: SmolLM2 Q8_0
     /// pp8 632 / 560, IQ4_XS 775 / 724, the Qwen3-class Q4_K_M file (its Q8_0 / Q5_0 tensors)
-    /// 214 / 207.
+    /// 214 / 207. On AVX2 (Zen 3, 2 threads, against the 8-token kernels of stop 39) the same
+    /// holds: SmolLM2 IQ4_NL pp8 476-516 / 594-596, pp32 745-758 / 650-658, the 1.1B Q4_0 pp8
+    /// 52-73 / 62-91; SmolLM2 Q8_0 pp8 290-292 / 291-304 (even), pp512 616-636 / 468-513.
     pub fn panel_min_tokens(&self, w_ty: GgmlType) -> usize {
         match w_ty {
             GgmlType::Q4_0 | GgmlType::IQ4_NL => 32,
             _ => MATVEC_TOKENS8,
         }
+    }
+
+    /// Whether the `w_ty` prefill set here is the AVX-512 one (its panels, `panels.rs`).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    fn panels_avx512(&self, w_ty: GgmlType) -> bool {
+        matches!(self.isa_for(w_ty, Phase::Prefill), Isa::Avx2(t) if t.avx512())
     }
 
     /// Packs rows `rows` (at most [`panel_rows`]`(n / 32)`) of the `w_ty` matrix `w` (rows of
@@ -1973,10 +1983,29 @@ impl Kernels {
                         _ => panic!("pack_panels: no panels for {w_ty}"),
                     }
                 }
-                return;
+            } else {
+                let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
+                let (nb, n_rows) = (n / QK, rows.len());
+                // SAFETY (all): the token proves AVX2, FMA and F16C.
+                unsafe {
+                    match w_ty {
+                        GgmlType::Q8_0 => panels::pack_avx2::<BlockQ8_0>(p, w_rows, rb, n_rows, nb),
+                        GgmlType::Q5_0 => {
+                            panels::pack_avx2::<q5_0::BlockQ5_0>(p, w_rows, rb, n_rows, nb)
+                        }
+                        GgmlType::Q4_0 => panels::pack_avx2::<BlockQ4_0>(p, w_rows, rb, n_rows, nb),
+                        GgmlType::IQ4_NL => {
+                            panels::pack_avx2::<iq4_nl::BlockIq4Nl>(p, w_rows, rb, n_rows, nb)
+                        }
+                        _ => panic!("pack_panels: no AVX2 panels for {w_ty}"),
+                    }
+                }
             }
+            p.set_small(small_values(w_ty));
+            return;
         }
-        self.pack_panels_portable(w_ty, n, w, rows, p)
+        self.pack_panels_portable(w_ty, n, w, rows, p);
+        p.set_small(small_values(w_ty));
     }
 
     /// [`Kernels::pack_panels`] in plain Rust, one value at a time: what machines without the
@@ -2040,7 +2069,9 @@ impl Kernels {
     }
 
     /// `y[t] = rows · x_q[t]` for the rows packed in `p` and 8 activation rows (Q8_0), each
-    /// `y[t]` as long as the rows packed.
+    /// `y[t]` as long as the rows packed. Returns `false`, writing nothing, where the AVX2
+    /// kernel declines: an activation quant is -128, which the quantizer never writes (the
+    /// caller's other kernels then take these tokens).
     ///
     /// # Panics
     /// Where panels do not run here, or an activation row is shorter than a weight row.
@@ -2049,9 +2080,12 @@ impl Kernels {
         p: &Panels<'_>,
         x_q: [&[u8]; MATVEC_TOKENS8],
         y: [&mut [f32]; MATVEC_TOKENS8],
-    ) {
+    ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa {
+            if !t.avx512() && p.kind() == panels::PanelKind::Blocks32 {
+                return panels::matmul8_avx2(t, p, x_q.map(blocks::<BlockQ8_0>), y);
+            }
             if t.avx512() {
                 // SAFETY (both): the token proves the AVX-512 features; the kernels assert the
                 // activation and output lengths.
@@ -2063,7 +2097,7 @@ impl Kernels {
                         panels::matmul8_k(p, x_q.map(blocks::<BlockQ8_K>), y)
                     },
                 }
-                return;
+                return true;
             }
         }
         let _ = (p, x_q, y);
@@ -2071,17 +2105,22 @@ impl Kernels {
     }
 }
 
-/// Whether this CPU may run the packed panels (x86-64 with the AVX-512 kernels): a thread's
-/// scratch must then hold [`PANELS_SCRATCH_BYTES`].
+/// Whether this CPU may run the packed panels (x86-64 with the AVX2 or AVX-512 kernels): a
+/// thread's scratch must then hold [`PANELS_SCRATCH_BYTES`].
 pub fn panels_possible() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        x86::avx512_detected()
+        x86::Token::detect().is_some()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
     }
+}
+
+/// Whether every value of a `w_ty` block is within -16..=16 (the panels' i16 sums).
+fn small_values(w_ty: GgmlType) -> bool {
+    matches!(w_ty, GgmlType::Q5_0 | GgmlType::Q4_0)
 }
 
 /// Whether the panels may run (`EDGE_RUN_PANELS=0` turns them off, for comparisons), read once.

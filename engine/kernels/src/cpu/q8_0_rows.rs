@@ -1,6 +1,10 @@
 //! Q8_0 · Q8_0 and Q5_0 · Q8_0 for several tokens on AVX2 machines without AVX-512 (Zen 3 and
 //! older, most Intel client CPUs), 8 weight rows at a time with row r in 32-bit lane r: the
-//! kernel of prefill's 8-token groups (`Kernels::matvec_tokens8`).
+//! kernel of prefill's 8-token groups (`Kernels::matvec_tokens8`). Since stop 40, prompts take
+//! the packed panels (`panels.rs`, the same order and bits; each chunk of rows transposed once
+//! for all tokens, not once per 8) where they apply; this kernel keeps the rest: rows longer
+//! than the panels hold, `EDGE_RUN_PANELS=0`, fewer than 32 tokens of IQ4_NL, and the steps of
+//! sessions decoding together.
 //!
 //! Why: ggml's order (`avx2::dot_q8_0_q8_0_x8_scaled`) keeps 8 partial sums per block, so every
 //! (row, block, token) pays a convert, a scale product and an `fma` besides its integer dot. On
@@ -54,6 +58,7 @@ use std::mem::MaybeUninit;
 use super::block::f16_le;
 use super::block::Block;
 use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
+use super::q4_0::BlockQ4_0;
 use super::q5_0::BlockQ5_0;
 use super::q8_0::BlockQ8_0;
 use super::x86::{nibbles, q5_quants, Token};
@@ -101,6 +106,22 @@ impl SignedBlock for BlockIq4Nl {
             let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
             _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles(&self.qs))
         }
+    }
+    #[inline(always)]
+    fn d_bits(&self) -> i16 {
+        i16::from_le_bytes(self.d)
+    }
+}
+
+/// Q4_0 (`q - 8`): only the packed panels take it here (`panels.rs`).
+impl SignedBlock for BlockQ4_0 {
+    const SMALL: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(&self) -> __m256i {
+        // SAFETY: AVX2 is present (caller).
+        let q = unsafe { nibbles(&self.qs) };
+        _mm256_sub_epi8(q, _mm256_set1_epi8(8))
     }
     #[inline(always)]
     fn d_bits(&self) -> i16 {
@@ -235,6 +256,43 @@ pub(super) fn matvec<W: SignedBlock, const T: usize>(
     true
 }
 
+/// The 8x8 transpose by dwords of 8 rows' values: `g[j]` lane r = values `4j..4j + 4` of
+/// `q[r]` (24 shuffles).
+///
+/// # Safety
+/// AVX2 is present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn transpose8(q: [__m256i; 8]) -> [__m256i; 8] {
+    let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
+    let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
+    let t2 = _mm256_unpacklo_epi32(q[2], q[3]);
+    let t3 = _mm256_unpackhi_epi32(q[2], q[3]);
+    let t4 = _mm256_unpacklo_epi32(q[4], q[5]);
+    let t5 = _mm256_unpackhi_epi32(q[4], q[5]);
+    let t6 = _mm256_unpacklo_epi32(q[6], q[7]);
+    let t7 = _mm256_unpackhi_epi32(q[6], q[7]);
+    // [rows 0-3 | rows 0-3] (or 4-7) of dwords (j | j + 4).
+    let u0 = _mm256_unpacklo_epi64(t0, t2);
+    let u1 = _mm256_unpackhi_epi64(t0, t2);
+    let u2 = _mm256_unpacklo_epi64(t1, t3);
+    let u3 = _mm256_unpackhi_epi64(t1, t3);
+    let u4 = _mm256_unpacklo_epi64(t4, t6);
+    let u5 = _mm256_unpackhi_epi64(t4, t6);
+    let u6 = _mm256_unpacklo_epi64(t5, t7);
+    let u7 = _mm256_unpackhi_epi64(t5, t7);
+    [
+        _mm256_permute2x128_si256::<0x20>(u0, u4),
+        _mm256_permute2x128_si256::<0x20>(u1, u5),
+        _mm256_permute2x128_si256::<0x20>(u2, u6),
+        _mm256_permute2x128_si256::<0x20>(u3, u7),
+        _mm256_permute2x128_si256::<0x31>(u0, u4),
+        _mm256_permute2x128_si256::<0x31>(u1, u5),
+        _mm256_permute2x128_si256::<0x31>(u2, u6),
+        _mm256_permute2x128_si256::<0x31>(u3, u7),
+    ]
+}
+
 /// Blocks per chunk of the activations' scales (16 KiB of stack).
 const CHUNK: usize = 512;
 
@@ -261,34 +319,8 @@ unsafe fn rows8_impl<W: SignedBlock, const T: usize>(
         super::x86::prefetch_range(ahead, i * 8 * size_of::<W>(), 8 * size_of::<W>());
         // SAFETY: AVX2 is present (caller).
         let q: [__m256i; 8] = std::array::from_fn(|r| unsafe { b[r].values() });
-        // 8x8 transpose by dwords: `g[j]` lane r = quants 4j..4j + 4 of row r.
-        let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
-        let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
-        let t2 = _mm256_unpacklo_epi32(q[2], q[3]);
-        let t3 = _mm256_unpackhi_epi32(q[2], q[3]);
-        let t4 = _mm256_unpacklo_epi32(q[4], q[5]);
-        let t5 = _mm256_unpackhi_epi32(q[4], q[5]);
-        let t6 = _mm256_unpacklo_epi32(q[6], q[7]);
-        let t7 = _mm256_unpackhi_epi32(q[6], q[7]);
-        // [rows 0-3 | rows 0-3] (or 4-7) of dwords (j | j + 4).
-        let u0 = _mm256_unpacklo_epi64(t0, t2);
-        let u1 = _mm256_unpackhi_epi64(t0, t2);
-        let u2 = _mm256_unpacklo_epi64(t1, t3);
-        let u3 = _mm256_unpackhi_epi64(t1, t3);
-        let u4 = _mm256_unpacklo_epi64(t4, t6);
-        let u5 = _mm256_unpackhi_epi64(t4, t6);
-        let u6 = _mm256_unpacklo_epi64(t5, t7);
-        let u7 = _mm256_unpackhi_epi64(t5, t7);
-        let g = [
-            _mm256_permute2x128_si256::<0x20>(u0, u4),
-            _mm256_permute2x128_si256::<0x20>(u1, u5),
-            _mm256_permute2x128_si256::<0x20>(u2, u6),
-            _mm256_permute2x128_si256::<0x20>(u3, u7),
-            _mm256_permute2x128_si256::<0x31>(u0, u4),
-            _mm256_permute2x128_si256::<0x31>(u1, u5),
-            _mm256_permute2x128_si256::<0x31>(u2, u6),
-            _mm256_permute2x128_si256::<0x31>(u3, u7),
-        ];
+        // SAFETY: AVX2 is present (caller).
+        let g = unsafe { transpose8(q) };
         let d = b.map(|b| b.d_bits());
         let dw = _mm256_cvtph_ps(_mm_setr_epi16(
             d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],

@@ -1424,7 +1424,15 @@ fn panels_match_one_token() {
                             quantize_row(GgmlType::Q8_K, &r.vec(n, 1.0), &mut x).unwrap();
                             x
                         } else {
-                            raw_q8_0(&mut r, 1, nb)
+                            // Quants -127..=127, as the quantizer writes them (the AVX2
+                            // kernel declines a -128: `avx2_panels_decline_a_min_quant`).
+                            let mut x = raw_q8_0(&mut r, 1, nb);
+                            for b in x.chunks_mut(34) {
+                                for q in &mut b[2..] {
+                                    *q = (*q as i8).max(-127) as u8;
+                                }
+                            }
+                            x
                         }
                     })
                     .collect();
@@ -1437,7 +1445,7 @@ fn panels_match_one_token() {
                     let mut it = ys.iter_mut();
                     let y8: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
                     let x8: [&[u8]; 8] = std::array::from_fn(|t| &xs[t][..]);
-                    k.matmul_panels8(&p, x8, y8);
+                    assert!(k.matmul_panels8(&p, x8, y8));
                 }
                 let rb = bytes_of(ty, n);
                 for (t, x) in xs.iter().enumerate() {
@@ -1463,6 +1471,20 @@ fn panels_match_one_token() {
                             assert_eq!(got.to_bits(), want.to_bits(), "{what}");
                             continue;
                         }
+                        // Q8_0 and Q5_0: the blockwise order exactly, on every set.
+                        #[cfg(target_arch = "x86_64")]
+                        if ty != GgmlType::IQ4_XS {
+                            use super::q8_0_rows::{
+                                dot_q5_0_q8_0_blockwise, dot_q8_0_q8_0_blockwise,
+                            };
+                            let wr = &w[(first + row) * rb..(first + row + 1) * rb];
+                            let blockwise = if ty == GgmlType::Q5_0 {
+                                dot_q5_0_q8_0_blockwise(blocks(wr), blocks(x))
+                            } else {
+                                dot_q8_0_q8_0_blockwise(blocks(wr), blocks(x))
+                            };
+                            assert_eq!(got.to_bits(), blockwise.to_bits(), "{what} (blockwise)");
+                        }
                         let mut wf = vec![0f32; n];
                         let wr = &w[(first + row) * rb..(first + row + 1) * rb];
                         dequantize_row(ty, wr, &mut wf).unwrap();
@@ -1479,6 +1501,48 @@ fn panels_match_one_token() {
     eprintln!(
         "panels: {tested} shapes tested, worst Q8_0/Q5_0/IQ4_XS error {worst:.3} of the bound"
     );
+}
+
+/// The AVX2 panels' sign trick needs activation quants other than -128 (the quantizer never
+/// writes one): given one, the kernel declines and writes nothing, and the executor's other
+/// kernels take the tokens.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_panels_decline_a_min_quant() {
+    let mut r = Rng::new(5);
+    let mut tested = 0;
+    for k in all_kernels() {
+        let (nb, n_rows) = (18, 32);
+        let n = nb * QK;
+        let w = raw_q8_0(&mut r, n_rows, nb);
+        if !k.panels_for(GgmlType::Q8_0, n, &w) || k.panels_avx512(GgmlType::Q8_0) {
+            continue;
+        }
+        tested += 1;
+        let mut xs = vec![vec![0u8; bytes_of(GgmlType::Q8_0, n)]; 8];
+        for x in &mut xs {
+            quantize_row(GgmlType::Q8_0, &r.vec(n, 1.0), x).unwrap();
+        }
+        let mut buf = vec![0f32; PANELS_SCRATCH_BYTES / 4];
+        let mut p = Panels::new(&mut buf);
+        k.pack_panels(GgmlType::Q8_0, n, &w, 0..n_rows, &mut p);
+        for min_at in [None, Some((0, 2)), Some((7, 34 * 17 + 33))] {
+            let mut xs = xs.clone();
+            if let Some((t, byte)) = min_at {
+                xs[t][byte] = 0x80;
+            }
+            let mut ys = vec![vec![f32::NAN; n_rows]; 8];
+            let mut it = ys.iter_mut();
+            let y8: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+            let x8: [&[u8]; 8] = std::array::from_fn(|t| &xs[t][..]);
+            assert_eq!(k.matmul_panels8(&p, x8, y8), min_at.is_none(), "{min_at:?}");
+            let written = ys.iter().flatten().filter(|y| !y.is_nan()).count();
+            assert_eq!(written, if min_at.is_none() { 8 * n_rows } else { 0 });
+        }
+    }
+    if all_kernels().iter().any(|k| k.isa_name() == "avx2") {
+        assert!(tested >= 1, "no AVX2 set ran the panels");
+    }
 }
 
 #[test]

@@ -186,9 +186,10 @@ impl OpCtx<'_> {
         let mut t = 0;
         for part in panel_parts(n, rows.clone()) {
             k.pack_panels(wt, n, bytes, part.clone(), &mut panels);
+            // Every part stops at the same token group, if one declines (the AVX2 kernel's
+            // check of the activations, the same for every part).
             t = self.token_groups::<{ MATVEC_TOKENS8 }>(out, xq, xrb, 0, n_tok, &part, |xs, ys| {
-                k.matmul_panels8(&panels, xs, ys);
-                true
+                k.matmul_panels8(&panels, xs, ys)
             });
         }
         t

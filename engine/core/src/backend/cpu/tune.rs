@@ -316,7 +316,7 @@ fn prefill_pass(
                 let mut out = y.chunks_exact_mut(rows).map(|yt| &mut yt[part.clone()]);
                 let y8: [&mut [f32]; MATVEC_TOKENS8] =
                     std::array::from_fn(|_| out.next().expect("y holds 8 rows of outputs"));
-                k.matmul_panels8(&panels, [x; MATVEC_TOKENS8], y8);
+                let _ = k.matmul_panels8(&panels, [x; MATVEC_TOKENS8], y8);
             }
         }
         return;
