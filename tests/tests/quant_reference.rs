@@ -213,7 +213,8 @@ fn q6_k_agrees_with_llama_cpp() {
 
 /// Measured: top-1 367/367, max 0.0000, mean 0.00003 (bit-exact), greedy 8/8 where prefill
 /// keeps ggml's one-token order, 6/8 with the packed panels of AVX-512 VNNI machines and with
-/// the AVX2 set's rows in the lanes (Zen 3; the same order: see `q8_0_agrees_with_llama_cpp`).
+/// the AVX2 set's rows in the lanes (Zen 3; the same order: see `q8_0_agrees_with_llama_cpp`),
+/// and with the AVX2 panels since stop 40 (the same bits).
 #[test]
 fn q5_0_agrees_with_llama_cpp() {
     check("Q5_0", 100, 0.001, 1e-4, 6);
@@ -228,7 +229,8 @@ fn q5_1_agrees_with_llama_cpp() {
 /// Measured: top-1 367/367, max 0.0000, mean 0.00002 (teacher-forced logits bit-exact). Greedy
 /// after the batched prompt: 8/8 where prefill keeps ggml's one-token order
 /// (`EDGE_RUN_PANELS=0` on AVX-512, or NEON), 6/8 with the packed panels of AVX-512 VNNI
-/// machines and with the AVX2 set's 8-token kernel without AVX-512 (`q8_0_rows.rs`, Zen 3),
+/// machines and with the AVX2 set's 8-token kernel without AVX-512 (`q8_0_rows.rs`, Zen 3; the
+/// AVX2 panels since stop 40, the same bits),
 /// which scale each block's exact integer dot once instead of ggml's 8 lane sums (1.6x the
 /// prefill speed with the panels, 1.4x on Zen 3; the rule: where matching llama.cpp's
 /// batched order costs speed, speed wins). The two
@@ -256,7 +258,10 @@ fn iq4_nl_agrees_with_llama_cpp() {
 /// 21.4601 one token at a time, edge-run 21.3537 without the panels and 21.4345 with them).
 /// IQ4_XS tensors (ffn_down) run ggml's x86 `ggml_vec_dot_iq4_xs_q8_K` order
 /// (`cpu/kquant_order.rs`) one token at a time, the IQ4_NL ones (576-wide rows) the repacked
-/// `ggml_gemv_iq4_nl_8x8_q8_0` (`cpu/repack.rs`, the panels' order too); 96.7% before.
+/// `ggml_gemv_iq4_nl_8x8_q8_0` (`cpu/repack.rs`, the panels' order too); 96.7% before. Stop 40
+/// tried the IQ4_XS tensors in llama.cpp's batched (tiled) order on AVX2: 5/8 with the AVX2
+/// tile's `fma`, 6/8 with the VNNI tile's unfused add (the references' machine), against 7/8
+/// here; not kept (README, "Stop 40").
 #[test]
 fn iq4_xs_agrees_with_llama_cpp() {
     check("IQ4_XS", 100, 0.001, 1e-4, 6);
