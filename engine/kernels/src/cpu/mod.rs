@@ -1952,11 +1952,11 @@ impl Kernels {
     ) {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
+            let (nb, n_rows) = (n / QK, rows.len());
             if t.avx512() {
                 use panels::pack_avx512;
                 use panels::PanelKind::{Blocks32, SuperBlocks256};
-                let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
-                let (nb, n_rows) = (n / QK, rows.len());
                 // SAFETY (all): the token proves the AVX-512 features.
                 unsafe {
                     match w_ty {
@@ -1984,8 +1984,6 @@ impl Kernels {
                     }
                 }
             } else {
-                let (rb, _, w_rows) = matrix_rows(w_ty, n, w, &rows);
-                let (nb, n_rows) = (n / QK, rows.len());
                 // SAFETY (all): the token proves AVX2, FMA and F16C.
                 unsafe {
                     match w_ty {
@@ -2001,11 +1999,9 @@ impl Kernels {
                     }
                 }
             }
-            p.set_small(small_values(w_ty));
             return;
         }
-        self.pack_panels_portable(w_ty, n, w, rows, p);
-        p.set_small(small_values(w_ty));
+        self.pack_panels_portable(w_ty, n, w, rows, p)
     }
 
     /// [`Kernels::pack_panels`] in plain Rust, one value at a time: what machines without the
@@ -2116,11 +2112,6 @@ pub fn panels_possible() -> bool {
     {
         false
     }
-}
-
-/// Whether every value of a `w_ty` block is within -16..=16 (the panels' i16 sums).
-fn small_values(w_ty: GgmlType) -> bool {
-    matches!(w_ty, GgmlType::Q5_0 | GgmlType::Q4_0)
 }
 
 /// Whether the panels may run (`EDGE_RUN_PANELS=0` turns them off, for comparisons), read once.

@@ -120,8 +120,9 @@ pub struct Panels<'a> {
     nb: usize,
     /// Rows packed (the last panel is padded with zero rows).
     n_rows: usize,
-    /// Every packed value is within -16..=16 (Q5_0, Q4_0): the AVX2 kernel adds a block's
-    /// pair sums in i16 (see [`matmul8_avx2`]).
+    /// Every packed value is within -16..=16 (Q5_0, Q4_0: [`SignedBlock::SMALL`], set by
+    /// [`pack_avx2`]; `false` is exact for any values): the AVX2 kernel adds a block's pair sums
+    /// in i16 (see [`matmul8_avx2`]).
     small: bool,
 }
 
@@ -177,9 +178,20 @@ impl<'a> Panels<'a> {
             .collect()
     }
 
-    /// Records whether every packed value is within -16..=16 (the packers set it after
-    /// packing: [`super::Kernels::pack_panels`]).
-    pub(super) fn set_small(&mut self, small: bool) {
+    /// Starts a packing of `n_rows` rows of `nb` blocks of 32 values (the checks and fields
+    /// every packer shares); `small` as the field says.
+    ///
+    /// # Panics
+    /// If there are too many rows for `nb`, or super-blocks with `nb` not a multiple of 8.
+    fn begin(&mut self, kind: PanelKind, n_rows: usize, nb: usize, small: bool) {
+        assert!(
+            n_rows <= panel_rows(nb),
+            "panels: {n_rows} rows of {nb} blocks do not fit"
+        );
+        assert!(kind == PanelKind::Blocks32 || nb.is_multiple_of(8));
+        self.kind = kind;
+        self.nb = nb;
+        self.n_rows = n_rows;
         self.small = small;
     }
 
@@ -202,14 +214,7 @@ impl<'a> Panels<'a> {
         nb: usize,
         block: impl Fn(usize, usize) -> (f32, i32, [i8; 32]),
     ) {
-        assert!(
-            n_rows <= panel_rows(nb),
-            "panels: {n_rows} rows of {nb} blocks do not fit"
-        );
-        assert!(kind == PanelKind::Blocks32 || nb.is_multiple_of(8));
-        self.kind = kind;
-        self.nb = nb;
-        self.n_rows = n_rows;
+        self.begin(kind, n_rows, nb, false);
         for p in 0..n_rows.div_ceil(PANEL_ROWS) {
             for i in 0..nb {
                 let mut b = PanelBlock {
@@ -398,14 +403,7 @@ pub(super) unsafe fn pack_avx512<'a, B: super::block::Block>(
     BlockRows<'a, B>: PanelSource,
 {
     let src = BlockRows::<B>::new(w, rb);
-    assert!(
-        n_rows <= panel_rows(nb),
-        "panels: {n_rows} rows of {nb} blocks do not fit"
-    );
-    assert!(kind == PanelKind::Blocks32 || nb.is_multiple_of(8));
-    p.kind = kind;
-    p.nb = nb;
-    p.n_rows = n_rows;
+    p.begin(kind, n_rows, nb, false);
     // A padding row: values 0 (biased: 128) and scales 0.
     let pad = _mm256_set1_epi8(0x80u8 as i8);
     let lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
@@ -621,14 +619,9 @@ pub(super) unsafe fn pack_avx2<W: SignedBlock>(
     n_rows: usize,
     nb: usize,
 ) {
-    assert!(
-        n_rows <= panel_rows(nb),
-        "panels: {n_rows} rows of {nb} blocks do not fit"
-    );
     assert!(w.len() >= n_rows * rb && rb >= nb * std::mem::size_of::<W>());
-    p.kind = PanelKind::Blocks32;
-    p.nb = nb;
-    p.n_rows = n_rows;
+    p.begin(PanelKind::Blocks32, n_rows, nb, W::SMALL);
+    let src = BlockRows::<W>::new(w, rb);
     let bias = _mm256_set1_epi8(0x80u8 as i8);
     // As in `pack_avx512`: rows read 16 side by side, each block prefetching its share of the
     // next panel's bytes.
@@ -649,8 +642,7 @@ pub(super) unsafe fn pack_avx2<W: SignedBlock>(
                 for (k, qk) in q.iter_mut().enumerate() {
                     let r = 8 * half + k;
                     if r < live {
-                        let row = &w[(r0 + r) * rb..(r0 + r + 1) * rb];
-                        let b = &super::block::blocks::<W>(row)[i];
+                        let b = src.block(r0 + r, i);
                         // SAFETY: AVX2 is present (caller).
                         *qk = unsafe { b.values() };
                         d[r] = f16_le(b.d_bits().to_le_bytes());
@@ -686,7 +678,7 @@ pub(super) unsafe fn pack_avx2<W: SignedBlock>(
 /// Per block, 16 rows (one 64-byte group of the panel: two registers of 8 rows) with 4 tokens
 /// at a time: each broadcast of a token's 4 quants serves both registers, and
 /// `maddubs(|w|, sign(x, w))` then `madd` with ones add 4 exact products to each lane. For
-/// small values ([`Panels::set_small`]) a block's 8 group products add up in i16 (each pair at
+/// small values ([`Panels`]' `small`, from [`SignedBlock::SMALL`]) a block's 8 group products add up in i16 (each pair at
 /// most `2 * 16 * 127`, the 8 at most 32,512 < 2^15), so one `madd` per block and token
 /// suffices.
 ///

@@ -94,6 +94,26 @@ pub(super) unsafe fn broadcast_dword(p: *const u8) -> __m256i {
     _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
+/// `sum_k madd(m[k], bsums pair k)`: per lane, 8 pairs of i16 weights (lane r: row r's pair
+/// `k` in `m[k]`) times the activation's 16 `bsums` taken in pairs (pair `k` = `bsums[2k]`,
+/// `bsums[2k + 1]`, broadcast): the mins term of the AVX2 Q4_K rows, the bias correction of
+/// the Q6_K rows (`q6_k_rows.rs`). Exact: integer products and sums.
+///
+/// # Safety
+/// AVX2 is present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn bsum_pairs_dot(m: &[__m256i; 8], bx: &BlockQ8_K) -> __m256i {
+    let bs = bx.bsums.as_ptr().cast::<u8>();
+    let mut sum = _mm256_setzero_si256();
+    for (k, mk) in m.iter().enumerate() {
+        // SAFETY: 4k + 4 <= 32 bytes of bsums (16 i16).
+        let pair = unsafe { broadcast_dword(bs.add(4 * k)) };
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(*mk, pair));
+    }
+    sum
+}
+
 /// `pshufb` controls that take byte `k` of every dword: into byte 0 (zero-extended to the
 /// dword) when `pair` is false, into bytes 0 and 2 (two zero-extended i16) when it is true.
 fn byte_select(k: usize, pair: bool) -> [u8; 32] {
@@ -330,13 +350,8 @@ unsafe fn rows8_avx2_impl<const N: usize>(
             }
         }
         for t in 0..N {
-            let bs = bx[t].bsums.as_ptr().cast::<u8>();
-            let mut mins = _mm256_setzero_si256();
-            for (k, mk) in mins_k.iter().enumerate() {
-                // SAFETY: 4k + 4 <= 32 bytes of bsums.
-                let pair = unsafe { broadcast_dword(bs.add(4 * k)) };
-                mins = _mm256_add_epi32(mins, _mm256_madd_epi16(*mk, pair));
-            }
+            // SAFETY: AVX2 is present (this function's features).
+            let mins = unsafe { bsum_pairs_dot(&mins_k, bx[t]) };
             let dx = _mm256_set1_ps(bx[t].d());
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, dx), acc[t]);
             acc_min[t] = _mm256_fmadd_ps(

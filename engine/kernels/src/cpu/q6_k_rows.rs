@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 use super::block::blocks;
 #[cfg(test)]
 use super::block::f16_le;
-use super::q4_k_rows::{broadcast_dword, dwords8};
+use super::q4_k_rows::{broadcast_dword, bsum_pairs_dot, dwords8};
 use super::q6_k::BlockQ6_K;
 use super::q8_k::BlockQ8_K;
 use super::x86::Token;
@@ -164,13 +164,8 @@ unsafe fn rows8_impl<const T: usize>(w: [&[BlockQ6_K]; 8], x: [&[BlockQ8_K]; T])
             }
         }
         for t in 0..T {
-            let bs = bx[t].bsums.as_ptr().cast::<u8>();
-            let mut corr = _mm256_setzero_si256();
-            for (p, scp) in sc_pairs.iter().enumerate() {
-                // SAFETY: 4p + 4 <= 32 bytes of bsums.
-                let bsum_pair = unsafe { broadcast_dword(bs.add(4 * p)) };
-                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(*scp, bsum_pair));
-            }
+            // SAFETY: AVX2 is present (this function's features).
+            let corr = unsafe { bsum_pairs_dot(&sc_pairs, bx[t]) };
             let isum = _mm256_sub_epi32(raw[t], _mm256_slli_epi32::<5>(corr));
             let res = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(isum));
             acc[t] = _mm256_fmadd_ps(res, _mm256_set1_ps(bx[t].d()), acc[t]);
