@@ -430,6 +430,21 @@ pub(super) fn q8_0_token_scales<const N: usize, const W: usize>(
     unsafe { q8_0_token_scales_impl(x, out) }
 }
 
+/// Up to 512 blocks' worth of per-block token scales on the stack, sized to the row (32, 128
+/// or 512 entries: zeroing a large buffer per call would cost more than it saves on narrow
+/// matrices), given to `f`; `None` for longer rows.
+pub(super) fn with_block_scales<S: Copy + Default, R>(
+    nb: usize,
+    f: impl FnOnce(&mut [S]) -> R,
+) -> Option<R> {
+    match nb {
+        0..=32 => Some(f(&mut [S::default(); 32][..nb])),
+        33..=128 => Some(f(&mut [S::default(); 128][..nb])),
+        129..=512 => Some(f(&mut [S::default(); 512][..nb])),
+        _ => None,
+    }
+}
+
 /// [`q8_0_token_scales`]: the f16 scales gathered per block and widened by one F16C
 /// conversion (exact, as the scalar one).
 ///

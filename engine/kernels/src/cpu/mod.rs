@@ -725,7 +725,7 @@ impl Kernels {
         macro_rules! prepared_rows4 {
             ($act:ty, $xblock:ty, $prepare:expr, $dot4:expr, $dot:expr) => {{
                 let xb: &[$xblock] = blocks(x);
-                with_block_scales(xb.len(), |a: &mut [$act]| {
+                avx2::with_block_scales(xb.len(), |a: &mut [$act]| {
                     $prepare(xb, &mut *a);
                     let a = &*a;
                     in_rows4(w, rb, y, |w4| $dot4(w4, xb, a), |wr| $dot(wr, xb))
@@ -1296,19 +1296,6 @@ impl Kernels {
     }
 }
 
-/// Up to 512 blocks' worth of per-block token scales on the stack, sized to the row (32, 128
-/// or 512 entries: zeroing a large buffer per call would cost more than it saves on narrow
-/// matrices), given to `f`; `None` for longer rows.
-#[cfg(target_arch = "x86_64")]
-fn with_block_scales<S: Copy + Default, R>(nb: usize, f: impl FnOnce(&mut [S]) -> R) -> Option<R> {
-    match nb {
-        0..=32 => Some(f(&mut [S::default(); 32][..nb])),
-        33..=128 => Some(f(&mut [S::default(); 128][..nb])),
-        129..=512 => Some(f(&mut [S::default(); 512][..nb])),
-        _ => None,
-    }
-}
-
 /// The rows of `w` (whole rows of `rb` bytes, one output each in `y`) four at a time through
 /// `dot4`, the rest one by one through `dot`.
 #[cfg(target_arch = "x86_64")]
@@ -1393,7 +1380,7 @@ fn avx512_q8_1_tokens<B, const N: usize>(
         return;
     }
     let row = |r: usize| blocks(&w[r * rb..(r + 1) * rb]);
-    with_block_scales(nb, |sc: &mut [[f32; 8]]| {
+    avx2::with_block_scales(nb, |sc: &mut [[f32; 8]]| {
         avx512::q8_1_token_scales(t, x, sc);
         let sc = &*sc;
         macro_rules! tile {
@@ -1429,7 +1416,7 @@ fn avx512_biased_tokens<const N: usize>(
     x: [&[BlockQ8_0]; N],
     y: [&mut [f32]; N],
 ) {
-    with_block_scales(x[0].len(), |dx: &mut [[f32; 4]]| {
+    avx2::with_block_scales(x[0].len(), |dx: &mut [[f32; 4]]| {
         avx2::q8_0_token_scales(t, x, dx);
         let dx = &*dx;
         macro_rules! tiles {

@@ -704,27 +704,31 @@ pub(super) fn matmul8_avx2(
     if !x.iter().all(|x| super::avx2::sign_trick_exact(t, &x[..nb])) {
         return false;
     }
-    let mut dx = [[0f32; 8]; CAPACITY];
-    let dx = &mut dx[..nb];
-    super::avx2::q8_0_token_scales(t, x, dx);
     let mut y = y;
-    for panel in 0..p.n_rows.div_ceil(PANEL_ROWS) {
-        // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; `panel` holds
-        // packed rows and `dx` has the `nb` blocks each `x[t]` has at least (asserted); no
-        // activation quant is -128 (checked).
-        let acc = unsafe {
-            if p.small {
-                panel16_avx2::<true>(p, panel, x, dx)
-            } else {
-                panel16_avx2::<false>(p, panel, x, dx)
+    // The tokens' block scales converted once for all panels, in a stack buffer sized to the
+    // row (a fixed one of CAPACITY blocks was 8 KiB zeroed per call).
+    super::avx2::with_block_scales(nb, |dx: &mut [[f32; 8]]| {
+        super::avx2::q8_0_token_scales(t, x, dx);
+        let dx = &*dx;
+        for panel in 0..p.n_rows.div_ceil(PANEL_ROWS) {
+            // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; `panel`
+            // holds packed rows and `dx` has the `nb` blocks each `x[t]` has at least
+            // (asserted); no activation quant is -128 (checked).
+            let acc = unsafe {
+                if p.small {
+                    panel16_avx2::<true>(p, panel, x, dx)
+                } else {
+                    panel16_avx2::<false>(p, panel, x, dx)
+                }
+            };
+            let r0 = panel * PANEL_ROWS;
+            let n = PANEL_ROWS.min(p.n_rows - r0);
+            for (yt, a) in y.iter_mut().zip(&acc) {
+                yt[r0..r0 + n].copy_from_slice(&a[..n]);
             }
-        };
-        let r0 = panel * PANEL_ROWS;
-        let n = PANEL_ROWS.min(p.n_rows - r0);
-        for (yt, a) in y.iter_mut().zip(&acc) {
-            yt[r0..r0 + n].copy_from_slice(&a[..n]);
         }
-    }
+    })
+    .expect("panels hold at most CAPACITY (256) blocks per row");
     true
 }
 
