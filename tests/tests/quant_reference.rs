@@ -256,6 +256,8 @@ fn iq4_nl_agrees_with_llama_cpp() {
 /// with the packed panels (AVX-512 VNNI; the IQ4_XS tensors' super-block sums scaled once:
 /// perplexity on the committed text, `-c 512 -b 512`: llama-perplexity 21.3518 batched and
 /// 21.4601 one token at a time, edge-run 21.3537 without the panels and 21.4345 with them).
+/// Since stop 41 AVX2 runs the IQ4_XS panels too, from 32 tokens (Zen 3: perplexity 21.4345,
+/// the AVX-512 panels' value to the last digit; greedy 7/8, its prompts being shorter).
 /// IQ4_XS tensors (ffn_down) run ggml's x86 `ggml_vec_dot_iq4_xs_q8_K` order
 /// (`cpu/kquant_order.rs`) one token at a time, the IQ4_NL ones (576-wide rows) the repacked
 /// `ggml_gemv_iq4_nl_8x8_q8_0` (`cpu/repack.rs`, the panels' order too); 96.7% before. Stop 40

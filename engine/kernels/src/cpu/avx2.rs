@@ -17,6 +17,7 @@ use super::q4_0::BlockQ4_0;
 use super::q4_1::BlockQ4_1;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
+use super::q8_k::BlockQ8_K;
 use super::rounding::Q8Rounding;
 use super::x86::{hsum, load_q8, nibbles, prefetch_stream, Token};
 
@@ -220,6 +221,27 @@ unsafe fn no_min_quant_impl(x: &[BlockQ8_0]) -> bool {
     let mut any = _mm256_setzero_si256();
     for b in x {
         any = _mm256_or_si256(any, _mm256_cmpeq_epi8(load_q8(&b.qs), min));
+    }
+    _mm256_testz_si256(any, any) == 1
+}
+
+/// [`sign_trick_exact`] for a Q8_K activation row.
+pub(super) fn sign_trick_exact_k(_: Token, x: &[BlockQ8_K]) -> bool {
+    // SAFETY: a `Token` exists only once AVX2 was detected.
+    unsafe { no_min_quant_k_impl(x) }
+}
+
+/// See [`sign_trick_exact_k`]: one compare per 32 quants.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn no_min_quant_k_impl(x: &[BlockQ8_K]) -> bool {
+    let min = _mm256_set1_epi8(i8::MIN);
+    let mut any = _mm256_setzero_si256();
+    for b in x {
+        for q in b.qs.chunks_exact(32) {
+            // SAFETY: 32 readable bytes; loadu needs no alignment.
+            let v = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
+            any = _mm256_or_si256(any, _mm256_cmpeq_epi8(v, min));
+        }
     }
     _mm256_testz_si256(any, any) == 1
 }

@@ -1873,13 +1873,13 @@ impl Kernels {
     /// Whether prefill of the `w_ty` matrix `w` (whole, rows of `n` values) runs through packed
     /// panels here ([`Kernels::pack_panels`], [`Kernels::matmul_panels8`]): on the x86 sets
     /// (as chosen for the type's prefill), rows of at most [`PANEL_MAX_BLOCKS`] blocks of 32 of
-    /// Q8_0 and Q5_0, of IQ4_XS on the AVX-512 set only, and Q4_0 and IQ4_NL matrices whose
+    /// Q8_0, Q5_0 and IQ4_XS (whole super-blocks), and Q4_0 and IQ4_NL matrices whose
     /// rows llama.cpp repacks (a multiple of 8 rows). Results are bit-identical to one token at
     /// a time for Q4_0 and IQ4_NL, not for Q8_0, Q5_0 and IQ4_XS (see `panels.rs`); both sets
     /// give the same bits. `EDGE_RUN_PANELS=0` turns them off.
     pub fn panels_for(&self, w_ty: GgmlType, n: usize, w: &[u8]) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+        if let Isa::Avx2(_) = self.isa_for(w_ty, Phase::Prefill) {
             let row_bytes = w_ty.row_bytes(n as u64).unwrap_or(0) as usize;
             let n_rows = w.len().checked_div(row_bytes).unwrap_or(0);
             let typed = match w_ty {
@@ -1888,13 +1888,7 @@ impl Kernels {
                 GgmlType::Q4_0 | GgmlType::IQ4_NL => repack::repacked_shape(n_rows),
                 _ => false,
             };
-            // AVX2 without AVX-512: the blocks of 32 values (`panels::matmul8_avx2`).
-            let set = t.avx512() || w_ty != GgmlType::IQ4_XS;
-            return set
-                && typed
-                && n.is_multiple_of(QK)
-                && n / QK <= PANEL_MAX_BLOCKS
-                && panels_enabled();
+            return typed && n.is_multiple_of(QK) && n / QK <= PANEL_MAX_BLOCKS && panels_enabled();
         }
         let _ = (w_ty, n, w);
         false
@@ -1911,17 +1905,26 @@ impl Kernels {
     /// 214 / 207. On AVX2 (Zen 3, 2 threads, against the 8-token kernels of stop 39) the same
     /// holds: SmolLM2 IQ4_NL pp8 476-516 / 594-596, pp32 745-758 / 650-658, the 1.1B Q4_0 pp8
     /// 52-73 / 62-91; SmolLM2 Q8_0 pp8 290-292 / 291-304 (even), pp512 616-636 / 468-513.
+    ///
+    /// IQ4_XS on AVX2 (Zen 3, SmolLM2 IQ4_XS, 4 alternating runs of 10 repetitions, panels
+    /// against its 8-token kernel): pp8 343-403 / 403-512, pp16 373-449 / 422-467, pp24
+    /// 369-531 / 385-415, pp32 434 / 401 (medians of 8), pp512 560 / 493: from 32 tokens.
     pub fn panel_min_tokens(&self, w_ty: GgmlType) -> usize {
         match w_ty {
             GgmlType::Q4_0 | GgmlType::IQ4_NL => 32,
+            GgmlType::IQ4_XS if !self.panels_avx512(w_ty) => 32,
             _ => MATVEC_TOKENS8,
         }
     }
 
     /// Whether the `w_ty` prefill set here is the AVX-512 one (its panels, `panels.rs`).
-    #[cfg(all(test, target_arch = "x86_64"))]
     fn panels_avx512(&self, w_ty: GgmlType) -> bool {
-        matches!(self.isa_for(w_ty, Phase::Prefill), Isa::Avx2(t) if t.avx512())
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(t) = self.isa_for(w_ty, Phase::Prefill) {
+            return t.avx512();
+        }
+        let _ = w_ty;
+        false
     }
 
     /// Packs rows `rows` (at most [`panel_rows`]`(n / 32)`) of the `w_ty` matrix `w` (rows of
@@ -1981,6 +1984,9 @@ impl Kernels {
                         GgmlType::Q4_0 => panels::pack_avx2::<BlockQ4_0>(p, w_rows, rb, n_rows, nb),
                         GgmlType::IQ4_NL => {
                             panels::pack_avx2::<iq4_nl::BlockIq4Nl>(p, w_rows, rb, n_rows, nb)
+                        }
+                        GgmlType::IQ4_XS => {
+                            panels::pack_avx2::<iq4_xs::BlockIq4Xs>(p, w_rows, rb, n_rows, nb)
                         }
                         _ => panic!("pack_panels: no AVX2 panels for {w_ty}"),
                     }
@@ -2066,8 +2072,15 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if let Isa::Avx2(t) = self.isa {
-            if !t.avx512() && p.kind() == panels::PanelKind::Blocks32 {
-                return panels::matmul8_avx2(t, p, x_q.map(blocks::<BlockQ8_0>), y);
+            if !t.avx512() {
+                return match p.kind() {
+                    panels::PanelKind::Blocks32 => {
+                        panels::matmul8_avx2(t, p, x_q.map(blocks::<BlockQ8_0>), y)
+                    }
+                    panels::PanelKind::SuperBlocks256 => {
+                        panels::matmul8_k_avx2(t, p, x_q.map(blocks::<BlockQ8_K>), y)
+                    }
+                };
             }
             if t.avx512() {
                 // SAFETY (both): the token proves the AVX-512 features; the kernels assert the

@@ -26,13 +26,15 @@
 //! llama.cpp's own batched and token-by-token results; where exactness costs speed, speed
 //! wins") allows it (README, "Speed").
 //!
-//! **AVX2 without AVX-512** (Zen 3 and older, most Intel client CPUs) runs the same panels
-//! for the blocks of 32 (not IQ4_XS): [`pack_avx2`] writes the same bytes, and
-//! [`matmul8_avx2`] takes 16 rows (two registers) with 4 tokens at a time through the sign
-//! trick (`maddubs(|w|, sign(x, w))`, each token's broadcast serving both registers), in the
-//! same blockwise order, so the same bits as on AVX-512 and as the 8-token kernel it replaces
-//! (`q8_0_rows.rs`). That kernel transposed each block's 8 rows for every 8 tokens; here a
-//! matrix chunk is transposed once for all the prompt's tokens.
+//! **AVX2 without AVX-512** (Zen 3 and older, most Intel client CPUs) runs the same panels:
+//! [`pack_avx2`] writes the same bytes, and [`matmul8_avx2`] takes 16 rows (two registers)
+//! with 4 tokens at a time through the sign trick (`maddubs(|w|, sign(x, w))`, each token's
+//! broadcast serving both registers), in the same blockwise order, so the same bits as on
+//! AVX-512 and as the 8-token kernel it replaces (`q8_0_rows.rs`). That kernel transposed each
+//! block's 8 rows for every 8 tokens; here a matrix chunk is transposed once for all the
+//! prompt's tokens. IQ4_XS ([`matmul8_k_avx2`]) applies the sub-block scales in the `madd`
+//! that widens each group's pair sums, with the same super-blockwise bits as [`matmul8_k`]
+//! (on AVX2 its 8-token kernel kept ggml's one-token lanes, a third slower per product).
 //!
 //! The portable packing is plain Rust (every target compiles it); the kernels are x86-64 only.
 
@@ -597,13 +599,77 @@ pub(super) unsafe fn matmul8_k(p: &Panels<'_>, x: [&[BlockQ8_K]; 8], y: [&mut [f
     }
 }
 
+/// Where [`pack_avx2`] reads the rows it packs: row `r`'s block `i` (of 32 values) as its 32
+/// values (i8) and its scales, exactly as the closure given to [`Panels::pack`] decodes it.
+#[cfg(target_arch = "x86_64")]
+pub(super) trait PanelRowsAvx2 {
+    /// How the packed blocks are scaled.
+    const KIND: PanelKind;
+    /// Every value is within -16..=16 ([`SignedBlock::SMALL`]).
+    const SMALL: bool;
+    /// Values per block of the file (32; IQ4_XS: 256).
+    const BLOCK_VALUES: usize;
+    /// Row `r`'s block `i`: its 32 values.
+    ///
+    /// # Safety
+    /// AVX2 is present; `r` and `i` are inside the matrix.
+    unsafe fn values(&self, r: usize, i: usize) -> __m256i;
+    /// Row `r`'s block `i`: `d` (f32) and the integer sub-block scale (0 for 32-value blocks).
+    fn scales(&self, r: usize, i: usize) -> (f32, i32);
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<W: SignedBlock> PanelRowsAvx2 for BlockRows<'_, W> {
+    const KIND: PanelKind = PanelKind::Blocks32;
+    const SMALL: bool = W::SMALL;
+    const BLOCK_VALUES: usize = 32;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(&self, r: usize, i: usize) -> __m256i {
+        // SAFETY: AVX2 is present (caller).
+        unsafe { self.block(r, i).values() }
+    }
+    #[inline(always)]
+    fn scales(&self, r: usize, i: usize) -> (f32, i32) {
+        (f16_le(self.block(r, i).d_bits().to_le_bytes()), 0)
+    }
+}
+
+/// IQ4_XS rows as sub-blocks, as for AVX-512 ([`PanelSource`]).
+#[cfg(target_arch = "x86_64")]
+impl PanelRowsAvx2 for BlockRows<'_, BlockIq4Xs> {
+    const KIND: PanelKind = PanelKind::SuperBlocks256;
+    const SMALL: bool = false;
+    const BLOCK_VALUES: usize = 256;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(&self, r: usize, i: usize) -> __m256i {
+        let k = i % 8;
+        let qs: &[u8; 16] = self.block(r, i / 8).qs[16 * k..16 * k + 16]
+            .try_into()
+            .expect("16 bytes");
+        // SAFETY: AVX2 is present (caller); the table is 16 readable bytes and loadu needs no
+        // alignment.
+        unsafe {
+            let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+            _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles(qs))
+        }
+    }
+    #[inline(always)]
+    fn scales(&self, r: usize, i: usize) -> (f32, i32) {
+        let b = self.block(r, i / 8);
+        (f16_le(b.d), b.scale(i % 8))
+    }
+}
+
 /// [`Panels::pack`] with AVX2 (machines without AVX-512): per panel block and half (8 rows),
-/// the rows' values decoded in registers ([`SignedBlock::values`]), transposed by 4-byte groups
-/// ([`transpose8`]: group `j`'s 8 rows in one register) and biased, so that each half group is
-/// one 32-byte store. The same bytes as [`Panels::pack`] (test
+/// the rows' values decoded in registers ([`PanelRowsAvx2::values`]), transposed by 4-byte
+/// groups ([`transpose8`]: group `j`'s 8 rows in one register) and biased, so that each half
+/// group is one 32-byte store. The same bytes as [`Panels::pack`] (test
 /// `simd_packing_matches_the_portable_packing`).
 ///
-/// `w` holds the `n_rows` rows to pack, whole rows of `rb` bytes of `W` blocks.
+/// `w` holds the `n_rows` rows to pack, whole rows of `rb` bytes of `B` blocks; `nb` counts
+/// blocks of 32 values (IQ4_XS: sub-blocks).
 ///
 /// # Safety
 /// AVX2, FMA and F16C are present.
@@ -612,16 +678,25 @@ pub(super) unsafe fn matmul8_k(p: &Panels<'_>, x: [&[BlockQ8_K]; 8], y: [&mut [f
 /// As [`Panels::pack`], or if `w` holds fewer than `n_rows` rows of `nb` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_avx2<W: SignedBlock>(
+pub(super) unsafe fn pack_avx2<B: super::block::Block>(
     p: &mut Panels<'_>,
     w: &[u8],
     rb: usize,
     n_rows: usize,
     nb: usize,
-) {
-    assert!(w.len() >= n_rows * rb && rb >= nb * std::mem::size_of::<W>());
-    p.begin(PanelKind::Blocks32, n_rows, nb, W::SMALL);
-    let src = BlockRows::<W>::new(w, rb);
+) where
+    for<'r> BlockRows<'r, B>: PanelRowsAvx2,
+{
+    type Rows<'r, B> = BlockRows<'r, B>;
+    let file_blocks = nb * 32 / <Rows<'_, B> as PanelRowsAvx2>::BLOCK_VALUES;
+    assert!(w.len() >= n_rows * rb && rb >= file_blocks * std::mem::size_of::<B>());
+    let src = BlockRows::<B>::new(w, rb);
+    p.begin(
+        <Rows<'_, B> as PanelRowsAvx2>::KIND,
+        n_rows,
+        nb,
+        <Rows<'_, B> as PanelRowsAvx2>::SMALL,
+    );
     let bias = _mm256_set1_epi8(0x80u8 as i8);
     // As in `pack_avx512`: rows read 16 side by side, each block prefetching its share of the
     // next panel's bytes.
@@ -636,16 +711,16 @@ pub(super) unsafe fn pack_avx2<W: SignedBlock>(
             prefetch_range(w, next + i * share, share);
             let dst = p.blocks[panel * nb + i].as_mut_ptr();
             let mut d = [0f32; PANEL_ROWS];
+            let mut sc = [0i32; PANEL_ROWS];
             for half in 0..2 {
-                // A padding row: values 0 (its scale is 0 too).
+                // A padding row: values 0 (its scales are 0 too).
                 let mut q = [_mm256_setzero_si256(); 8];
                 for (k, qk) in q.iter_mut().enumerate() {
                     let r = 8 * half + k;
                     if r < live {
-                        let b = src.block(r0 + r, i);
-                        // SAFETY: AVX2 is present (caller).
-                        *qk = unsafe { b.values() };
-                        d[r] = f16_le(b.d_bits().to_le_bytes());
+                        // SAFETY: AVX2 is present (caller); the row and block are inside `w`.
+                        *qk = unsafe { src.values(r0 + r, i) };
+                        (d[r], sc[r]) = src.scales(r0 + r, i);
                     }
                 }
                 // SAFETY: AVX2 is present (caller).
@@ -663,7 +738,7 @@ pub(super) unsafe fn pack_avx2<W: SignedBlock>(
             // SAFETY: as above, for the scale fields.
             unsafe {
                 std::ptr::addr_of_mut!((*dst).d).write(d);
-                std::ptr::addr_of_mut!((*dst).sc).write([0; PANEL_ROWS]);
+                std::ptr::addr_of_mut!((*dst).sc).write(sc);
             }
         }
     }
@@ -806,6 +881,148 @@ unsafe fn panel16_avx2<const SMALL: bool>(
                     };
                     let d = _mm256_mul_ps(dw[half], sx);
                     acc[t][half] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][half]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; PANEL_ROWS]; 8];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        // SAFETY: `o` is 16 f32; storeu needs no alignment.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+    out
+}
+
+/// [`matmul8_k`] with AVX2 (machines without AVX-512), in the same order, so the same bits:
+/// per super-block and row, `sum_j sc_j * dot_j` over the 8 sub-blocks in integers (exact),
+/// then `acc = fma(d_w * d_x, isum, acc)`. Returns `false` (and writes nothing) where an
+/// activation holds a -128 quant, as [`matmul8_avx2`].
+///
+/// As [`matmul8_avx2`], 16 rows with 4 tokens at a time through the sign trick; each group's
+/// pair sums (at most `2 * 127 * 127`, IQ4_NL's values reach -127) go to i32 through one
+/// `madd` with the rows' sub-block scales (each scale in both i16 halves of its row's lane),
+/// so the scaling costs nothing beyond the `madd` the group needs anyway. The sums stay
+/// exact: at most `8 * 32 * 127 * 127 * 32` < 2^31 per super-block.
+///
+/// # Panics
+/// If the panels are not [`PanelKind::SuperBlocks256`], an activation row is shorter than the
+/// packed rows or a `y[t]` is not as long as the rows packed.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn matmul8_k_avx2(
+    t: Token,
+    p: &Panels<'_>,
+    x: [&[BlockQ8_K]; 8],
+    y: [&mut [f32]; 8],
+) -> bool {
+    let n_super = p.nb / 8;
+    assert!(p.kind == PanelKind::SuperBlocks256);
+    assert!(x.iter().all(|x| x.len() >= n_super));
+    assert!(y.iter().all(|y| y.len() == p.n_rows));
+    if !x
+        .iter()
+        .all(|x| super::avx2::sign_trick_exact_k(t, &x[..n_super]))
+    {
+        return false;
+    }
+    let mut y = y;
+    for panel in 0..p.n_rows.div_ceil(PANEL_ROWS) {
+        // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; `panel` holds
+        // packed rows and every `x[t]` has the `n_super` super-blocks (asserted); no
+        // activation quant is -128 (checked).
+        let acc = unsafe { panel16_k_avx2(p, panel, &x) };
+        let r0 = panel * PANEL_ROWS;
+        let n = PANEL_ROWS.min(p.n_rows - r0);
+        for (yt, a) in y.iter_mut().zip(&acc) {
+            yt[r0..r0 + n].copy_from_slice(&a[..n]);
+        }
+    }
+    true
+}
+
+/// One super-block panel's 16 rows with 8 tokens: `out[t][r]` (see [`matmul8_k_avx2`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; `panel` holds packed super-block rows; every `x[t]` has at
+/// least `p.nb / 8` blocks; no activation quant is -128 (else the lanes are wrong, though
+/// still defined).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel16_k_avx2(
+    p: &Panels<'_>,
+    panel: usize,
+    x: &[&[BlockQ8_K]; 8],
+) -> [[f32; PANEL_ROWS]; 8] {
+    let bias = _mm256_set1_epi8(0x80u8 as i8);
+    let low16 = _mm256_set1_epi32(0xFFFF);
+    let mut acc = [[_mm256_setzero_ps(); 2]; 8];
+    for s in 0..p.nb / 8 {
+        // SAFETY: 8s < nb; `d` is 16 f32 at a 64-byte boundary of the aligned block (every
+        // sub-block holds its super-block's `d`).
+        let dw = unsafe {
+            let b = p.block(panel, 8 * s);
+            [
+                _mm256_load_ps(b.d.as_ptr()),
+                _mm256_load_ps(b.d.as_ptr().add(8)),
+            ]
+        };
+        // Two passes of 4 tokens, as in `panel16_avx2`.
+        for h in 0..2 {
+            let mut isum = [[_mm256_setzero_si256(); 2]; 4];
+            for j in 0..8 {
+                // SAFETY: 8s + j < nb; `panel` holds packed rows.
+                let b = unsafe { p.block(panel, 8 * s + j) };
+                // Row r's scale in both i16 halves of lane r (-32..=31).
+                // SAFETY: `sc` is 16 i32 at a 64-byte boundary of the aligned block.
+                let mut sc = unsafe {
+                    [
+                        _mm256_load_si256(b.sc.as_ptr().cast()),
+                        _mm256_load_si256(b.sc.as_ptr().add(8).cast()),
+                    ]
+                };
+                // (A loop, not `map`: closures do not inherit target features.)
+                for v in &mut sc {
+                    *v = _mm256_or_si256(_mm256_slli_epi32(*v, 16), _mm256_and_si256(*v, low16));
+                }
+                for g in 0..8 {
+                    // SAFETY: `q[g]` is 64 bytes aligned to 64 (the block's alignment).
+                    let w = unsafe {
+                        let at = b.q[g].as_ptr();
+                        [
+                            _mm256_xor_si256(_mm256_load_si256(at.cast()), bias),
+                            _mm256_xor_si256(_mm256_load_si256(at.add(32).cast()), bias),
+                        ]
+                    };
+                    let a = [_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])];
+                    for (k, sk) in isum.iter_mut().enumerate() {
+                        // SAFETY: s < x[t].len() (caller); 4 readable bytes at 32j + 4g < 256.
+                        let xq = unsafe {
+                            std::ptr::read_unaligned(
+                                x[4 * h + k]
+                                    .get_unchecked(s)
+                                    .qs
+                                    .as_ptr()
+                                    .add(32 * j + 4 * g)
+                                    .cast::<i32>(),
+                            )
+                        };
+                        let xb = _mm256_set1_epi32(xq);
+                        for half in 0..2 {
+                            let pr = _mm256_maddubs_epi16(a[half], _mm256_sign_epi8(xb, w[half]));
+                            sk[half] = _mm256_add_epi32(sk[half], _mm256_madd_epi16(pr, sc[half]));
+                        }
+                    }
+                }
+            }
+            for (k, sk) in isum.iter().enumerate() {
+                let t = 4 * h + k;
+                // SAFETY: s < x[t].len() (caller).
+                let dx = _mm256_set1_ps(unsafe { x[t].get_unchecked(s) }.d());
+                for half in 0..2 {
+                    let d = _mm256_mul_ps(dw[half], dx);
+                    acc[t][half] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sk[half]), acc[t][half]);
                 }
             }
         }

@@ -1471,6 +1471,12 @@ fn panels_match_one_token() {
                             assert_eq!(got.to_bits(), want.to_bits(), "{what}");
                             continue;
                         }
+                        // IQ4_XS: the super-blockwise order exactly, on every set.
+                        if ty == GgmlType::IQ4_XS {
+                            let wr = &w[(first + row) * rb..(first + row + 1) * rb];
+                            let exact = dot_iq4_xs_q8_k_superblockwise(blocks(wr), blocks(x));
+                            assert_eq!(got.to_bits(), exact.to_bits(), "{what} (super-blockwise)");
+                        }
                         // Q8_0 and Q5_0: the blockwise order exactly, on every set.
                         #[cfg(target_arch = "x86_64")]
                         if ty != GgmlType::IQ4_XS {
@@ -1503,6 +1509,28 @@ fn panels_match_one_token() {
     );
 }
 
+/// One IQ4_XS row with one Q8_K row in the panels' order (the reference both the AVX-512 and
+/// the AVX2 panels are held to): per super-block, `sum_j sc_j * dot_j` over its 8 sub-blocks
+/// in integers, then `acc = fma(d_w * d_x, isum, acc)`.
+fn dot_iq4_xs_q8_k_superblockwise(w: &[iq4_xs::BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
+    let mut acc = 0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let mut isum = 0i32;
+        for j in 0..8 {
+            let qs = &bw.qs[16 * j..16 * j + 16];
+            let mut dot = 0i32;
+            for (k, &q) in qs.iter().enumerate() {
+                let lo = i32::from(iq4_nl::KVALUES_IQ4NL[usize::from(q & 0x0F)]);
+                let hi = i32::from(iq4_nl::KVALUES_IQ4NL[usize::from(q >> 4)]);
+                dot += lo * i32::from(bx.qs[32 * j + k]) + hi * i32::from(bx.qs[32 * j + 16 + k]);
+            }
+            isum += bw.scale(j) * dot;
+        }
+        acc = (f16_le(bw.d) * bx.d()).mul_add(isum as f32, acc);
+    }
+    acc
+}
+
 /// The AVX2 panels' sign trick needs activation quants other than -128 (the quantizer never
 /// writes one): given one, the kernel declines and writes nothing, and the executor's other
 /// kernels take the tokens.
@@ -1512,36 +1540,65 @@ fn avx2_panels_decline_a_min_quant() {
     let mut r = Rng::new(5);
     let mut tested = 0;
     for k in all_kernels() {
-        let (nb, n_rows) = (18, 32);
-        let n = nb * QK;
-        let w = raw_q8_0(&mut r, n_rows, nb);
-        if !k.panels_for(GgmlType::Q8_0, n, &w) || k.panels_avx512(GgmlType::Q8_0) {
-            continue;
-        }
-        tested += 1;
-        let mut xs = vec![vec![0u8; bytes_of(GgmlType::Q8_0, n)]; 8];
-        for x in &mut xs {
-            quantize_row(GgmlType::Q8_0, &r.vec(n, 1.0), x).unwrap();
-        }
-        let mut buf = vec![0f32; PANELS_SCRATCH_BYTES / 4];
-        let mut p = Panels::new(&mut buf);
-        k.pack_panels(GgmlType::Q8_0, n, &w, 0..n_rows, &mut p);
-        for min_at in [None, Some((0, 2)), Some((7, 34 * 17 + 33))] {
-            let mut xs = xs.clone();
-            if let Some((t, byte)) = min_at {
-                xs[t][byte] = 0x80;
+        for ty in [GgmlType::Q8_0, GgmlType::IQ4_XS] {
+            let (nb, n_rows) = (24, 32);
+            let n = nb * QK;
+            let w: Vec<u8> = if ty == GgmlType::Q8_0 {
+                raw_q8_0(&mut r, n_rows, nb)
+            } else {
+                // Any bytes after a finite scale (a NaN one would write NaN).
+                (0..n_rows * nb / 8)
+                    .flat_map(|_| {
+                        let mut b = f16_le_bytes(0.01).to_vec();
+                        b.extend(r.bytes(134));
+                        b
+                    })
+                    .collect()
+            };
+            if !k.panels_for(ty, n, &w) || k.panels_avx512(ty) {
+                continue;
             }
-            let mut ys = vec![vec![f32::NAN; n_rows]; 8];
-            let mut it = ys.iter_mut();
-            let y8: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-            let x8: [&[u8]; 8] = std::array::from_fn(|t| &xs[t][..]);
-            assert_eq!(k.matmul_panels8(&p, x8, y8), min_at.is_none(), "{min_at:?}");
-            let written = ys.iter().flatten().filter(|y| !y.is_nan()).count();
-            assert_eq!(written, if min_at.is_none() { 8 * n_rows } else { 0 });
+            tested += 1;
+            let x_ty = if ty == GgmlType::Q8_0 {
+                GgmlType::Q8_0
+            } else {
+                GgmlType::Q8_K
+            };
+            let mut xs = vec![vec![0u8; bytes_of(x_ty, n)]; 8];
+            for x in &mut xs {
+                quantize_row(x_ty, &r.vec(n, 1.0), x).unwrap();
+            }
+            let mut buf = vec![0f32; PANELS_SCRATCH_BYTES / 4];
+            let mut p = Panels::new(&mut buf);
+            k.pack_panels(ty, n, &w, 0..n_rows, &mut p);
+            // A quant byte of the first block, and one of the last (Q8_0: 34-byte blocks, the
+            // quants after a 2-byte scale; Q8_K: a 4-byte scale, then 256 quants).
+            let last = if ty == GgmlType::Q8_0 {
+                34 * (nb - 1) + 33
+            } else {
+                bytes_of(x_ty, n) - bytes_of(x_ty, QK_K) + 4 + 255
+            };
+            for min_at in [None, Some((0, 4)), Some((7, last))] {
+                let mut xs = xs.clone();
+                if let Some((t, byte)) = min_at {
+                    xs[t][byte] = 0x80;
+                }
+                let mut ys = vec![vec![f32::NAN; n_rows]; 8];
+                let mut it = ys.iter_mut();
+                let y8: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+                let x8: [&[u8]; 8] = std::array::from_fn(|t| &xs[t][..]);
+                assert_eq!(
+                    k.matmul_panels8(&p, x8, y8),
+                    min_at.is_none(),
+                    "{ty} {min_at:?}"
+                );
+                let written = ys.iter().flatten().filter(|y| !y.is_nan()).count();
+                assert_eq!(written, if min_at.is_none() { 8 * n_rows } else { 0 });
+            }
         }
     }
     if all_kernels().iter().any(|k| k.isa_name() == "avx2") {
-        assert!(tested >= 1, "no AVX2 set ran the panels");
+        assert!(tested >= 2, "no AVX2 set ran the panels of both kinds");
     }
 }
 
