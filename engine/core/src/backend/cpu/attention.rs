@@ -469,7 +469,7 @@ const ROWS_PER_CHUNK: usize = 256;
 /// rounded to f16 (the operand of its f16 `V·p`).
 #[inline(always)]
 fn softmax_rounded_f16(scores: &mut [f32], scale: f32, softcap: Option<f32>) {
-    use edge_kernels::cpu::ggml_order::{self as order, LANES};
+    use edge_kernels::cpu::ggml_order as order;
     match softcap {
         Some(_) => scores
             .iter_mut()
@@ -477,24 +477,10 @@ fn softmax_rounded_f16(scores: &mut [f32], scale: f32, softcap: Option<f32>) {
         // The common case in a loop the compiler vectorizes.
         None => scores.iter_mut().for_each(|s| *s *= scale),
     }
-    // The maximum in 8 lanes (vectorized; one serial chain of `max` is slow): the same value
-    // as a serial fold, NaNs ignored either way (a zero's sign may differ, which changes no
-    // `s - max`).
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    for c in scores.chunks(8) {
-        for (m, s) in lanes.iter_mut().zip(c) {
-            *m = m.max(*s);
-        }
-    }
-    let max = lanes.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+    let max = order::max_ignoring_nan(scores);
     // (One call: every element's exp is the same whichever lanes compute it.)
     order::expf_shifted(scores, max);
-    let mut sum = 0.0f64;
-    for chunk in scores.chunks(LANES) {
-        let mut lanes = [0.0f32; LANES];
-        lanes[..chunk.len()].copy_from_slice(chunk);
-        sum += f64::from(order::reduce16(&lanes));
-    }
+    let sum = order::sum16_f64(scores);
     let inv = (1.0 / sum) as f32;
     order::scale_round_f16(scores, inv);
 }
