@@ -24,16 +24,21 @@ pub fn swiglu_row_inplace(x: &mut [f32], up: &[f32]) {
     swiglu_row_inplace_body(x, up)
 }
 
+/// 8 lanes at a time where the CPU has AVX2 (the same bits: `silu`'s operations in each lane;
+/// the scalar loop, whose `expf` scales in f64, did not vectorize: SwiGLU was 2% of a SmolLM2
+/// prefill on Zen 3, llama.cpp's 0.8%), the rest one by one.
 #[inline(always)]
 fn swiglu_row_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+    let done = super::ggml_order::silu_mul_simd(gate, up, out);
+    for ((o, &g), &u) in out[done..].iter_mut().zip(&gate[done..]).zip(&up[done..]) {
         *o = super::ggml_order::silu(g) * u;
     }
 }
 
 #[inline(always)]
 fn swiglu_row_inplace_body(x: &mut [f32], up: &[f32]) {
-    for (o, &u) in x.iter_mut().zip(up) {
+    let done = super::ggml_order::silu_mul_inplace_simd(x, up);
+    for (o, &u) in x[done..].iter_mut().zip(&up[done..]) {
         *o = super::ggml_order::silu(*o) * u;
     }
 }
@@ -181,21 +186,37 @@ mod tests {
     use super::*;
     use crate::testutil::Rng;
 
-    /// The in-place and the out-of-place SwiGLU give the same bits, and both equal
-    /// `silu(g) * u` computed one element at a time.
+    /// The in-place and the out-of-place SwiGLU (8 lanes at a time where the CPU has AVX2)
+    /// both equal `silu(g) * u` computed one element at a time, bit for bit: odd lengths, gates
+    /// from -120 to 120 (exponentials that overflow, underflow and go subnormal), zeros,
+    /// infinities and NaN.
     #[test]
     fn swiglu_in_place_equals_out_of_place() {
         let mut r = Rng::new(5);
-        for n in [1usize, 7, 16, 33] {
-            let (g, u) = (r.vec(n, 8.0), r.vec(n, 2.0));
-            let mut out = vec![0.0; n];
-            swiglu_row(&g, &u, &mut out);
-            let mut x = g.clone();
-            swiglu_row_inplace(&mut x, &u);
-            assert_eq!(out, x);
-            for i in 0..n {
-                let want = super::super::ggml_order::silu(g[i]) * u[i];
-                assert!((out[i] - want).abs() <= want.abs() * 1e-6, "{n} {i}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for n in [1usize, 7, 16, 33, 1000] {
+            for scale in [8.0f32, 120.0] {
+                let (mut g, u) = (r.vec(n, scale), r.vec(n, 2.0));
+                if n > 8 {
+                    g[..6].copy_from_slice(&[
+                        0.0,
+                        -0.0,
+                        f32::INFINITY,
+                        -f32::INFINITY,
+                        1e-40,
+                        -88.5,
+                    ]);
+                    g[n - 1] = f32::NAN;
+                }
+                let mut out = vec![0.0; n];
+                swiglu_row(&g, &u, &mut out);
+                let mut x = g.clone();
+                swiglu_row_inplace(&mut x, &u);
+                let want: Vec<f32> = (0..n)
+                    .map(|i| super::super::ggml_order::silu(g[i]) * u[i])
+                    .collect();
+                assert_eq!(bits(&out), bits(&want), "out of place, n {n}");
+                assert_eq!(bits(&x), bits(&want), "in place, n {n}");
             }
         }
     }

@@ -489,6 +489,32 @@ pub fn sum16_f64(xs: &[f32]) -> f64 {
     sum
 }
 
+/// `x[i] = silu(x[i]) * up[i]` for the first whole groups of 8 (`min(x.len(), up.len())`
+/// rounded down) where the CPU has AVX2 and FMA, with [`silu`]'s operations in every lane (the
+/// same bits); returns how many it did (0 without those features): the caller does the rest.
+#[inline]
+pub fn silu_mul_inplace_simd(x: &mut [f32], up: &[f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::silu_mul_inplace(x, up) };
+    }
+    let _ = (x, up);
+    0
+}
+
+/// [`silu_mul_inplace_simd`] into `out`: `out[i] = silu(gate[i]) * up[i]`.
+#[inline]
+pub fn silu_mul_simd(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: AVX2, FMA and F16C are present (checked).
+        return unsafe { simd::silu_mul(gate, up, out) };
+    }
+    let _ = (gate, up, out);
+    0
+}
+
 /// `ggml_v_silu`: x / (1 + e^-x) with [`expf`].
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
@@ -741,6 +767,55 @@ mod simd {
         let neg = _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ);
         let over = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), neg);
         _mm256_blendv_ps(v, over, big)
+    }
+
+    /// `silu(g) * u` on 8 lanes: [`super::silu`]'s operations (`0 - x`, [`expf8`], `1 + e`,
+    /// the division) then the product, each correctly rounded as in the scalar code.
+    #[inline(always)]
+    unsafe fn silu_mul8(g: __m256, u: __m256) -> __m256 {
+        // SAFETY: the caller's features (AVX2, FMA).
+        let e = unsafe { expf8(_mm256_sub_ps(_mm256_setzero_ps(), g)) };
+        _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e)), u)
+    }
+
+    /// [`super::silu_mul_inplace_simd`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn silu_mul_inplace(x: &mut [f32], up: &[f32]) -> usize {
+        let n = x.len().min(up.len());
+        let full = n - n % 8;
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= both lengths; loadu/storeu need no alignment.
+            unsafe {
+                let v = silu_mul8(loadf(x, i), loadf(up, i));
+                _mm256_storeu_ps(x.as_mut_ptr().add(i), v);
+            }
+            i += 8;
+        }
+        full
+    }
+
+    /// [`super::silu_mul_simd`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
+        let n = out.len().min(gate.len()).min(up.len());
+        let full = n - n % 8;
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= all three lengths; loadu/storeu need no alignment.
+            unsafe {
+                let v = silu_mul8(loadf(gate, i), loadf(up, i));
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+            }
+            i += 8;
+        }
+        full
     }
 
     /// [`super::max_ignoring_nan`].
