@@ -387,6 +387,77 @@ fn matvec_tokens_and_rows_equal_one_dot_bit_for_bit() {
     }
 }
 
+/// One-token IQ4_NL matvec on matrices llama.cpp repacks equals its repacked order
+/// (`repack::dot_iq4_nl_q8_0`) bit for bit, on every set: with activations from the quantizer
+/// and with -128 quants written in; 8-row groups, rows left over, ranges not starting at 0,
+/// and rows of all -127 against activations of all 127 (the largest sums).
+#[test]
+fn iq4_nl_decode_equals_the_repacked_order() {
+    let mut r = Rng::new(313);
+    let ty = GgmlType::IQ4_NL;
+    let mut tested = 0;
+    for k in all_kernels() {
+        for (n, rows, range) in [
+            (32usize, 16usize, 0..16usize),
+            (576, 40, 3..40),
+            (2048, 24, 8..21),
+        ] {
+            let rb = bytes_of(ty, n);
+            for extreme in [false, true] {
+                let w: Vec<u8> = if extreme {
+                    // Index 0 is -127 in the table; scale 1.0.
+                    (0..rows * n / 32)
+                        .flat_map(|_| {
+                            let mut b = f16_le_bytes(1.0).to_vec();
+                            b.extend([0u8; 16]);
+                            b
+                        })
+                        .collect()
+                } else {
+                    (0..rows)
+                        .flat_map(|_| any_weight_row(&mut r, ty, n))
+                        .collect()
+                };
+                let mut x = vec![0u8; bytes_of(GgmlType::Q8_0, n)];
+                if extreme {
+                    for b in x.chunks_mut(34) {
+                        b[..2].copy_from_slice(&f16_le_bytes(1.0));
+                        b[2..].fill(127);
+                    }
+                } else {
+                    k.quantize_row(GgmlType::Q8_0, &r.vec(n, 1.0), &mut x)
+                        .unwrap();
+                }
+                for min_quant in [false, true] {
+                    let mut x = x.clone();
+                    if min_quant {
+                        x[2] = 0x80;
+                        let last = x.len() - 1;
+                        x[last] = 0x80;
+                    }
+                    let mut got = vec![f32::NAN; range.len()];
+                    k.matvec(ty, n, &w, &x, range.clone(), &mut got);
+                    for (i, g) in got.iter().enumerate() {
+                        let row = range.start + i;
+                        let want = super::repack::dot_iq4_nl_q8_0(
+                            blocks(&w[row * rb..(row + 1) * rb]),
+                            blocks(&x),
+                        );
+                        assert_eq!(
+                            g.to_bits(),
+                            want.to_bits(),
+                            "{} n {n} row {row} extreme {extreme} -128 {min_quant}: {g} vs {want}",
+                            k.isa_name()
+                        );
+                    }
+                    tested += 1;
+                }
+            }
+        }
+    }
+    assert!(tested >= 12);
+}
+
 /// The 8-token entry equals one token at a time, bit for bit (but for Q8_0 on AVX2 without
 /// AVX-512: its blockwise order), on matrices llama.cpp repacks (16-row groups, a leftover
 /// group of 8 and single rows, ranges not starting at 0), and declines what it has no kernel
