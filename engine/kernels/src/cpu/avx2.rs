@@ -206,41 +206,43 @@ pub(super) fn dot_q8_0_q8_0_sign_rows2(
     unsafe { dot_q8_0_q8_0_sign_rows2_impl(w, x, n) }
 }
 
-/// Whether the `sign`/`maddubs` Q8_0 kernels are exact for this activation row: none of its
-/// quants is -128. Quantizing activations never makes -128 (`|x| <= amax`, so `|x| * 127 /
-/// amax <= 127`); only hand-made rows hold it.
-pub(super) fn sign_trick_exact(_: Token, x: &[BlockQ8_0]) -> bool {
+/// Whether the `sign`/`maddubs` kernels are exact for this activation row (Q8_0, or Q8_K for
+/// the IQ4_XS panels): none of its quants is -128. Quantizing activations never makes -128
+/// (`|x| <= amax`, so `|x| * 127 / amax <= 127`); only hand-made rows hold it.
+pub(super) fn sign_trick_exact<B: Quants32>(_: Token, x: &[B]) -> bool {
     // SAFETY: a `Token` exists only once AVX2 was detected.
     unsafe { no_min_quant_impl(x) }
 }
 
-/// See [`sign_trick_exact`]: one compare per block (a scalar scan cost 5% of a 4-token kernel).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn no_min_quant_impl(x: &[BlockQ8_0]) -> bool {
-    let min = _mm256_set1_epi8(i8::MIN);
-    let mut any = _mm256_setzero_si256();
-    for b in x {
-        any = _mm256_or_si256(any, _mm256_cmpeq_epi8(load_q8(&b.qs), min));
+/// Activation blocks whose quants are whole runs of 32 (what [`sign_trick_exact`] scans).
+pub(super) trait Quants32 {
+    /// The block's quants, 32 at a time.
+    fn quants32(&self) -> &[[i8; 32]];
+}
+
+impl Quants32 for BlockQ8_0 {
+    #[inline(always)]
+    fn quants32(&self) -> &[[i8; 32]] {
+        std::slice::from_ref(&self.qs)
     }
-    _mm256_testz_si256(any, any) == 1
 }
 
-/// [`sign_trick_exact`] for a Q8_K activation row.
-pub(super) fn sign_trick_exact_k(_: Token, x: &[BlockQ8_K]) -> bool {
-    // SAFETY: a `Token` exists only once AVX2 was detected.
-    unsafe { no_min_quant_k_impl(x) }
+impl Quants32 for BlockQ8_K {
+    #[inline(always)]
+    fn quants32(&self) -> &[[i8; 32]] {
+        bytemuck::cast_slice(&self.qs)
+    }
 }
 
-/// See [`sign_trick_exact_k`]: one compare per 32 quants.
+/// See [`sign_trick_exact`]: one compare per 32 quants (a scalar scan cost 5% of a 4-token
+/// kernel).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn no_min_quant_k_impl(x: &[BlockQ8_K]) -> bool {
+unsafe fn no_min_quant_impl<B: Quants32>(x: &[B]) -> bool {
     let min = _mm256_set1_epi8(i8::MIN);
     let mut any = _mm256_setzero_si256();
     for b in x {
-        for q in b.qs.chunks_exact(32) {
-            // SAFETY: 32 readable bytes; loadu needs no alignment.
-            let v = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
-            any = _mm256_or_si256(any, _mm256_cmpeq_epi8(v, min));
+        for q in b.quants32() {
+            any = _mm256_or_si256(any, _mm256_cmpeq_epi8(load_q8(q), min));
         }
     }
     _mm256_testz_si256(any, any) == 1

@@ -503,13 +503,16 @@ pub fn silu_mul_inplace_simd(x: &mut [f32], up: &[f32]) -> usize {
     0
 }
 
-/// [`silu_mul_inplace_simd`] into `out`: `out[i] = silu(gate[i]) * up[i]`.
+/// [`silu_mul_inplace_simd`] into `out`: `out[i] = silu(gate[i]) * up[i]` (the gate copied
+/// into `out` first, then in place: a copy is small beside the exponentials).
 #[inline]
 pub fn silu_mul_simd(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
     if simd::available() {
+        let n = out.len().min(gate.len()).min(up.len());
+        out[..n].copy_from_slice(&gate[..n]);
         // SAFETY: AVX2, FMA and F16C are present (checked).
-        return unsafe { simd::silu_mul(gate, up, out) };
+        return unsafe { simd::silu_mul_inplace(&mut out[..n], up) };
     }
     let _ = (gate, up, out);
     0
@@ -792,26 +795,6 @@ mod simd {
             unsafe {
                 let v = silu_mul8(loadf(x, i), loadf(up, i));
                 _mm256_storeu_ps(x.as_mut_ptr().add(i), v);
-            }
-            i += 8;
-        }
-        full
-    }
-
-    /// [`super::silu_mul_simd`].
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
-        let n = out.len().min(gate.len()).min(up.len());
-        let full = n - n % 8;
-        let mut i = 0;
-        while i < full {
-            // SAFETY: i + 8 <= full <= all three lengths; loadu/storeu need no alignment.
-            unsafe {
-                let v = silu_mul8(loadf(gate, i), loadf(up, i));
-                _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
             }
             i += 8;
         }

@@ -1250,7 +1250,9 @@ impl Kernels {
                 GgmlType::IQ4_XS => rows_with!(kquant_order::avx2::dot_iq4_xs_q8_k_xn),
                 // Q8_0, and Q5_0 (never repacked by llama.cpp: any row count).
                 _ => {
-                    let sign_ok = x.iter().all(|x| avx2::sign_trick_exact(t, blocks(x)));
+                    let sign_ok = x
+                        .iter()
+                        .all(|x| avx2::sign_trick_exact(t, blocks::<BlockQ8_0>(x)));
                     // The tokens' block scales converted once for all rows, on the stack
                     // (sized to the row: zeroing a large buffer per 16-row chunk would cost
                     // more than it saves on narrow matrices).
@@ -1709,7 +1711,7 @@ impl Kernels {
                 // The Q8_0 tile's lanes are the AVX2 kernel's where its sign trick is exact.
                 GgmlType::Q8_0 => x_q
                     .iter()
-                    .all(|x| avx2::sign_trick_exact(t, blocks(&x[..xb]))),
+                    .all(|x| avx2::sign_trick_exact(t, blocks::<BlockQ8_0>(&x[..xb]))),
                 _ => false,
             };
             if biased_tile && xb / std::mem::size_of::<BlockQ8_0>() <= 512 {

@@ -803,6 +803,40 @@ pub(super) fn matmul8_avx2(
     true
 }
 
+/// Group `j` of a panel block for the AVX2 kernels: the 16 rows' 4 values each with the bias
+/// taken off (signed), and their magnitudes, each as two registers of 8 rows.
+///
+/// # Safety
+/// AVX2 is present; `j < 8`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_values(b: &PanelBlock, j: usize) -> ([__m256i; 2], [__m256i; 2]) {
+    let bias = _mm256_set1_epi8(0x80u8 as i8);
+    // SAFETY: `q[j]` is 64 bytes aligned to 64 (the block's alignment).
+    let w = unsafe {
+        let at = b.q.get_unchecked(j).as_ptr();
+        [
+            _mm256_xor_si256(_mm256_load_si256(at.cast()), bias),
+            _mm256_xor_si256(_mm256_load_si256(at.add(32).cast()), bias),
+        ]
+    };
+    (w, [_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])])
+}
+
+/// The 4 quants `qs[at..at + 4]` broadcast to every 32-bit lane.
+///
+/// # Safety
+/// AVX2 is present; `at + 4 <= qs.len()`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn broadcast_quad(qs: &[i8], at: usize) -> __m256i {
+    debug_assert!(at + 4 <= qs.len());
+    // SAFETY: 4 readable bytes at `at` (the contract); read_unaligned needs no alignment.
+    _mm256_set1_epi32(unsafe { std::ptr::read_unaligned(qs.as_ptr().add(at).cast::<i32>()) })
+}
+
 /// Writes one panel's results (`acc[t]`: 16 rows of token `t`) to the rows of `y` it covers,
 /// for the AVX2 kernels. A whole panel is a copy of a constant length (two vector moves); a
 /// run-time length was a call to `memcpy` per token and panel (1-2% of a prefill).
@@ -841,7 +875,6 @@ unsafe fn panel16_avx2<const SMALL: bool>(
     x: [&[BlockQ8_0]; 8],
     dx: &[[f32; 8]],
 ) -> [[f32; PANEL_ROWS]; 8] {
-    let bias = _mm256_set1_epi8(0x80u8 as i8);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; 8];
     for (i, dxi) in dx.iter().enumerate() {
@@ -859,28 +892,11 @@ unsafe fn panel16_avx2<const SMALL: bool>(
         for h in 0..2 {
             let mut isum = [[_mm256_setzero_si256(); 2]; 4];
             for j in 0..8 {
-                // SAFETY: `q[j]` is 64 bytes aligned to 64 (the block's alignment).
-                let g = unsafe {
-                    let at = b.q[j].as_ptr();
-                    [
-                        _mm256_xor_si256(_mm256_load_si256(at.cast()), bias),
-                        _mm256_xor_si256(_mm256_load_si256(at.add(32).cast()), bias),
-                    ]
-                };
-                let a = [_mm256_abs_epi8(g[0]), _mm256_abs_epi8(g[1])];
+                // SAFETY: AVX2 is present (this function's features).
+                let (g, a) = unsafe { group_values(b, j) };
                 for (k, s) in isum.iter_mut().enumerate() {
                     // SAFETY: i < x[t].len() (caller); 4 readable bytes at 4j < 32.
-                    let xq = unsafe {
-                        std::ptr::read_unaligned(
-                            x[4 * h + k]
-                                .get_unchecked(i)
-                                .qs
-                                .as_ptr()
-                                .add(4 * j)
-                                .cast::<i32>(),
-                        )
-                    };
-                    let xb = _mm256_set1_epi32(xq);
+                    let xb = unsafe { broadcast_quad(&x[4 * h + k].get_unchecked(i).qs, 4 * j) };
                     for half in 0..2 {
                         let pr = _mm256_maddubs_epi16(a[half], _mm256_sign_epi8(xb, g[half]));
                         s[half] = if SMALL {
@@ -944,7 +960,7 @@ pub(super) fn matmul8_k_avx2(
     assert!(y.iter().all(|y| y.len() == p.n_rows));
     if !x
         .iter()
-        .all(|x| super::avx2::sign_trick_exact_k(t, &x[..n_super]))
+        .all(|x| super::avx2::sign_trick_exact(t, &x[..n_super]))
     {
         return false;
     }
@@ -972,7 +988,6 @@ unsafe fn panel16_k_avx2(
     panel: usize,
     x: &[&[BlockQ8_K]; 8],
 ) -> [[f32; PANEL_ROWS]; 8] {
-    let bias = _mm256_set1_epi8(0x80u8 as i8);
     let low16 = _mm256_set1_epi32(0xFFFF);
     let mut acc = [[_mm256_setzero_ps(); 2]; 8];
     for s in 0..p.nb / 8 {
@@ -1004,28 +1019,12 @@ unsafe fn panel16_k_avx2(
                     *v = _mm256_or_si256(_mm256_slli_epi32(*v, 16), _mm256_and_si256(*v, low16));
                 }
                 for g in 0..8 {
-                    // SAFETY: `q[g]` is 64 bytes aligned to 64 (the block's alignment).
-                    let w = unsafe {
-                        let at = b.q[g].as_ptr();
-                        [
-                            _mm256_xor_si256(_mm256_load_si256(at.cast()), bias),
-                            _mm256_xor_si256(_mm256_load_si256(at.add(32).cast()), bias),
-                        ]
-                    };
-                    let a = [_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])];
+                    // SAFETY: AVX2 is present (this function's features).
+                    let (w, a) = unsafe { group_values(b, g) };
                     for (k, sk) in isum.iter_mut().enumerate() {
                         // SAFETY: s < x[t].len() (caller); 4 readable bytes at 32j + 4g < 256.
-                        let xq = unsafe {
-                            std::ptr::read_unaligned(
-                                x[4 * h + k]
-                                    .get_unchecked(s)
-                                    .qs
-                                    .as_ptr()
-                                    .add(32 * j + 4 * g)
-                                    .cast::<i32>(),
-                            )
-                        };
-                        let xb = _mm256_set1_epi32(xq);
+                        let xq = &x[4 * h + k].get_unchecked(s).qs;
+                        let xb = unsafe { broadcast_quad(xq, 32 * j + 4 * g) };
                         for half in 0..2 {
                             let pr = _mm256_maddubs_epi16(a[half], _mm256_sign_epi8(xb, w[half]));
                             sk[half] = _mm256_add_epi32(sk[half], _mm256_madd_epi16(pr, sc[half]));
