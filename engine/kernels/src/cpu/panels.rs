@@ -59,7 +59,7 @@ use super::q8_0_rows::{transpose8, SignedBlock};
 #[cfg(target_arch = "x86_64")]
 use super::q8_k::BlockQ8_K;
 #[cfg(target_arch = "x86_64")]
-use super::x86::{load_q8, nibbles, prefetch_range, q5_quants, Token};
+use super::x86::{iq4_nl_values, load_q8, nibbles, prefetch_range, q5_quants, Token};
 
 /// Weight rows per panel (the lanes of one 512-bit register of i32).
 pub const PANEL_ROWS: usize = 16;
@@ -241,7 +241,7 @@ impl<'a> Panels<'a> {
     }
 }
 
-/// Where [`pack_avx512`] reads the rows it packs: row `r`'s block `i` (of 32 values) as the
+/// Where [`pack_avx512`] reads the rows it packs (and [`pack_avx2`] their scales): row `r`'s block `i` (of 32 values) as the
 /// values biased by 128 (unsigned bytes, element order) and its scales, exactly as the
 /// closure given to [`Panels::pack`] decodes it.
 #[cfg(target_arch = "x86_64")]
@@ -600,9 +600,10 @@ pub(super) unsafe fn matmul8_k(p: &Panels<'_>, x: [&[BlockQ8_K]; 8], y: [&mut [f
 }
 
 /// Where [`pack_avx2`] reads the rows it packs: row `r`'s block `i` (of 32 values) as its 32
-/// values (i8) and its scales, exactly as the closure given to [`Panels::pack`] decodes it.
+/// values (i8), exactly as the closure given to [`Panels::pack`] decodes it, and its scales
+/// ([`PanelSource::scales`], shared with the AVX-512 packing).
 #[cfg(target_arch = "x86_64")]
-pub(super) trait PanelRowsAvx2 {
+pub(super) trait PanelRowsAvx2: PanelSource {
     /// How the packed blocks are scaled.
     const KIND: PanelKind;
     /// Every value is within -16..=16 ([`SignedBlock::SMALL`]).
@@ -614,12 +615,13 @@ pub(super) trait PanelRowsAvx2 {
     /// # Safety
     /// AVX2 is present; `r` and `i` are inside the matrix.
     unsafe fn values(&self, r: usize, i: usize) -> __m256i;
-    /// Row `r`'s block `i`: `d` (f32) and the integer sub-block scale (0 for 32-value blocks).
-    fn scales(&self, r: usize, i: usize) -> (f32, i32);
 }
 
 #[cfg(target_arch = "x86_64")]
-impl<W: SignedBlock> PanelRowsAvx2 for BlockRows<'_, W> {
+impl<W: SignedBlock> PanelRowsAvx2 for BlockRows<'_, W>
+where
+    Self: PanelSource,
+{
     const KIND: PanelKind = PanelKind::Blocks32;
     const SMALL: bool = W::SMALL;
     const BLOCK_VALUES: usize = 32;
@@ -628,10 +630,6 @@ impl<W: SignedBlock> PanelRowsAvx2 for BlockRows<'_, W> {
     unsafe fn values(&self, r: usize, i: usize) -> __m256i {
         // SAFETY: AVX2 is present (caller).
         unsafe { self.block(r, i).values() }
-    }
-    #[inline(always)]
-    fn scales(&self, r: usize, i: usize) -> (f32, i32) {
-        (f16_le(self.block(r, i).d_bits().to_le_bytes()), 0)
     }
 }
 
@@ -648,17 +646,8 @@ impl PanelRowsAvx2 for BlockRows<'_, BlockIq4Xs> {
         let qs: &[u8; 16] = self.block(r, i / 8).qs[16 * k..16 * k + 16]
             .try_into()
             .expect("16 bytes");
-        // SAFETY: AVX2 is present (caller); the table is 16 readable bytes and loadu needs no
-        // alignment.
-        unsafe {
-            let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
-            _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles(qs))
-        }
-    }
-    #[inline(always)]
-    fn scales(&self, r: usize, i: usize) -> (f32, i32) {
-        let b = self.block(r, i / 8);
-        (f16_le(b.d), b.scale(i % 8))
+        // SAFETY: AVX2 is present (caller).
+        unsafe { iq4_nl_values(qs) }
     }
 }
 
@@ -837,6 +826,23 @@ unsafe fn broadcast_quad(qs: &[i8], at: usize) -> __m256i {
     _mm256_set1_epi32(unsafe { std::ptr::read_unaligned(qs.as_ptr().add(at).cast::<i32>()) })
 }
 
+/// The AVX2 kernels' accumulators (`acc[t]`: token `t`'s 16 rows in two registers) as floats,
+/// which cross to the callers without AVX2's calling convention.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn panel_lanes(acc: &[[__m256; 2]; 8]) -> [[f32; PANEL_ROWS]; 8] {
+    let mut out = [[0f32; PANEL_ROWS]; 8];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` is 16 f32; storeu needs no alignment.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+    out
+}
+
 /// Writes one panel's results (`acc[t]`: 16 rows of token `t`) to the rows of `y` it covers,
 /// for the AVX2 kernels. A whole panel is a copy of a constant length (two vector moves); a
 /// run-time length was a call to `memcpy` per token and panel (1-2% of a prefill).
@@ -922,15 +928,7 @@ unsafe fn panel16_avx2<const SMALL: bool>(
             }
         }
     }
-    let mut out = [[0f32; PANEL_ROWS]; 8];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        // SAFETY: `o` is 16 f32; storeu needs no alignment.
-        unsafe {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
-        }
-    }
-    out
+    panel_lanes(&acc)
 }
 
 /// [`matmul8_k`] with AVX2 (machines without AVX-512), in the same order, so the same bits:
@@ -1043,15 +1041,7 @@ unsafe fn panel16_k_avx2(
             }
         }
     }
-    let mut out = [[0f32; PANEL_ROWS]; 8];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        // SAFETY: `o` is 16 f32; storeu needs no alignment.
-        unsafe {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
-        }
-    }
-    out
+    panel_lanes(&acc)
 }
 
 #[cfg(target_arch = "x86_64")]

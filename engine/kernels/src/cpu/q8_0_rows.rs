@@ -57,11 +57,11 @@ use std::mem::MaybeUninit;
 #[cfg(test)]
 use super::block::f16_le;
 use super::block::Block;
-use super::iq4_nl::{BlockIq4Nl, KVALUES_IQ4NL};
+use super::iq4_nl::BlockIq4Nl;
 use super::q4_0::BlockQ4_0;
 use super::q5_0::BlockQ5_0;
 use super::q8_0::BlockQ8_0;
-use super::x86::{nibbles, q5_quants, Token};
+use super::x86::{iq4_nl_values, nibbles, q5_quants, Token};
 
 /// A weight block these kernels take: 32 signed values (`|v| <= 128`) and an f16 scale, with
 /// Q8_0 activations: Q8_0 (the values as stored) and Q5_0 (`q - 16`, unpacked per block).
@@ -101,11 +101,8 @@ impl SignedBlock for BlockIq4Nl {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(&self) -> __m256i {
-        // SAFETY: the table is 16 readable bytes; loadu needs no alignment; AVX2 is present.
-        unsafe {
-            let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
-            _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles(&self.qs))
-        }
+        // SAFETY: AVX2 is present (caller).
+        unsafe { iq4_nl_values(&self.qs) }
     }
     #[inline(always)]
     fn d_bits(&self) -> i16 {

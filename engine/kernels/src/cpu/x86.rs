@@ -11,6 +11,7 @@
 
 use std::arch::x86_64::*;
 
+use super::iq4_nl::KVALUES_IQ4NL;
 use super::q4_k::BlockQ4_K;
 use super::q8_k::BlockQ8_K;
 
@@ -139,6 +140,18 @@ pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     let q = _mm_loadu_si128(qs.as_ptr().cast());
     let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// The 32 values of 16 bytes of IQ4_NL nibbles (an IQ4_NL block, or an IQ4_XS sub-block):
+/// [`nibbles`] looked up in [`KVALUES_IQ4NL`], as i8 in element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_nl_values(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: the table is 16 readable bytes; loadu needs no alignment; AVX2 is present.
+    unsafe {
+        let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles(qs))
+    }
 }
 
 /// Loads 32 signed quants.
