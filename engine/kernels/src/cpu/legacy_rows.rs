@@ -27,11 +27,17 @@
 //!
 //! [`dot_rows4_avx2`] is the same four-row walk with AVX2 alone (Zen 1–3, Intel client cores):
 //! the nibbles split by one 64-bit shift of the twice-loaded bytes, the fifth bits spread by a
-//! shuffle and a compare, and the four rows' scale products formed in a pass of their own so
-//! that each row's is one broadcast load. The loop is 12 vector operations per row and block
-//! where the two-row kernel it replaces took 18 and built the f16 scales in scalar registers.
-//! On one Zen 3 core: SmolLM2's Q5_0 `ffn_gate` in cache 2.0–2.2 against 2.5–3.0 ns per row and
-//! block; all its Q5_0 `ffn_gate` / `ffn_up` matrices from memory (36 MB) 10.4 against 8.5 GB/s.
+//! shuffle and a compare, the four rows' scale products one 128-bit multiply per block. Its
+//! loop takes 12 vector operations per row and block where the two-row kernel it replaces
+//! took 18 (and built each pair's f16 scales in scalar registers). Scale products formed in a
+//! pass of their own and read back by broadcast loads were slower (0.6 ns per row and block
+//! more on Zen 3), as was prefetching in that pass.
+//!
+//! On one Zen 3 core, alternating with the build before it on a noisy host (3 runs, the best
+//! of 4 in each): SmolLM2's 1536 x 576 `ffn_gate` in cache, ns per row and block, Q5_0 2.1–2.9
+//! against 2.5–3.7, Q5_1 2.1–2.8 against 2.5–3.3, Q4_1 1.6–2.2 against 1.9–2.7 (the one-row
+//! kernel); every `ffn_gate` and `ffn_up` of the file from memory (36–41 MB), GB/s, Q5_0
+//! 8.3–10.4 against 5.3–8.8, Q5_1 8.5–11.8 against 8.9–9.0, Q4_1 8.8–12.9 against 9.1–9.7.
 
 use std::arch::x86_64::*;
 
@@ -370,71 +376,36 @@ unsafe fn prepare_q8_0_avx2_impl(x: &[BlockQ8_0], out: &mut [ActBlock]) {
     }
 }
 
-/// The products `d_w * d_x` of four rows' blocks, formed before the rows' quants are read: the
-/// main loop then takes each row's from memory by a broadcast load (no shuffle), and the pass
-/// also brings the group's lines into the cache ahead of it.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C, align(16))]
-pub(super) struct RowScales([f32; 4]);
-
 /// [`dot_rows4`] with AVX2 alone (for CPUs without AVX-512: Zen 1–3, Intel client cores):
 /// per row and block the nibbles split by one 64-bit shift of a twice-loaded 16 bytes, the fifth
 /// bits spread by a shuffle and a compare, and the lane sums of `maddubs` and `madd`; the
-/// four rows' `d_w * d_x` (and `m_w * s_x`) in a pass of their own ([`RowScales`], `scales`
-/// at least as long as the rows). Bit-identical to the AVX2 one-row kernels.
+/// four rows' `d_w * d_x` (and `m_w * s_x`) in one 128-bit product per block. Bit-identical to
+/// the AVX2 one-row kernels.
 ///
 /// # Panics
-/// If the rows' lengths differ, or `x`, `a` or `scales` is shorter.
+/// If the rows' lengths differ, or `x` or `a` is shorter.
 pub(super) fn dot_rows4_avx2<B: WeightBlock>(
     _: Token,
     w: [&[B]; 4],
     x: &[B::Act],
     a: &[ActBlock],
-    scales: &mut [RowScales],
 ) -> [f32; 4] {
     let nb = w[0].len();
     assert!(
-        w.iter().all(|r| r.len() == nb) && x.len() >= nb && a.len() >= nb && scales.len() >= nb,
+        w.iter().all(|r| r.len() == nb) && x.len() >= nb && a.len() >= nb,
         "legacy_rows::dot_rows4_avx2: rows of unequal length or activation too short"
     );
     // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
-    unsafe { rows4_avx2_impl(w, x, a, &mut scales[..nb]) }
+    unsafe { rows4_avx2_impl(w, x, a) }
 }
 
 /// # Safety
-/// AVX2, FMA and F16C are present; the rows have `scales.len()` blocks and `x` and `a` at
-/// least that many.
+/// AVX2, FMA and F16C are present; the rows have one length and `x` and `a` at least that
+/// many blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows4_avx2_impl<B: WeightBlock>(
-    w: [&[B]; 4],
-    x: &[B::Act],
-    a: &[ActBlock],
-    scales: &mut [RowScales],
-) -> [f32; 4] {
+unsafe fn rows4_avx2_impl<B: WeightBlock>(w: [&[B]; 4], x: &[B::Act], a: &[ActBlock]) -> [f32; 4] {
     // Closures and `array::map` stay calls inside a `target_feature` function: plain loops.
     let mut acc_m = _mm_setzero_ps();
-    for (i, s) in scales.iter_mut().enumerate() {
-        let (mut d_bits, mut m_bits) = (0u64, 0u64);
-        for (r, row) in w.iter().enumerate() {
-            // SAFETY: i < scales.len() <= every w[r].len() (caller).
-            let (d, m) = unsafe { row.get_unchecked(i) }.dm();
-            d_bits |= u64::from(d) << (16 * r);
-            m_bits |= u64::from(m) << (16 * r);
-        }
-        // SAFETY: i < scales.len() <= a.len() (caller).
-        let ab = unsafe { a.get_unchecked(i) };
-        // [d_w r * d_x] for rows r = 0..3: each the one-row kernel's f32 product.
-        let d = _mm_mul_ps(
-            _mm_cvtph_ps(_mm_cvtsi64_si128(d_bits as i64)),
-            _mm_set1_ps(ab.d),
-        );
-        // SAFETY: `s` is 16 writable bytes, 16-aligned.
-        unsafe { _mm_store_ps(s.0.as_mut_ptr(), d) };
-        if B::MINS {
-            let m = _mm_cvtph_ps(_mm_cvtsi64_si128(m_bits as i64));
-            acc_m = _mm_add_ps(acc_m, _mm_mul_ps(m, _mm_set1_ps(ab.s)));
-        }
-    }
     let low4 = _mm256_set1_epi8(0x0F);
     let high_half = _mm256_setr_epi64x(0, 0, 4, 4);
     let sixteen = _mm256_set1_epi8(16);
@@ -449,8 +420,8 @@ unsafe fn rows4_avx2_impl<B: WeightBlock>(
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let mut acc = [_mm256_setzero_ps(); 4];
     let stride = 4 * std::mem::size_of::<B>();
-    for (i, s) in scales.iter().enumerate() {
-        // SAFETY: i < scales.len() <= x.len(), a.len() and every w[r].len() (caller).
+    for i in 0..w[0].len() {
+        // SAFETY: i < w[0].len() = every w[r].len() <= x.len(), a.len() (caller).
         let (y, ab, b) = unsafe {
             (
                 _mm256_loadu_si256(x.get_unchecked(i).qs().as_ptr().cast()),
@@ -463,9 +434,9 @@ unsafe fn rows4_avx2_impl<B: WeightBlock>(
                 ],
             )
         };
-        // The group's four rows are adjacent: one stream, prefetched 4 KiB ahead in the
-        // loop that computes (Zen 3, one thread, SmolLM2's Q5_0 matrices from memory: 8.8
-        // GB/s without, 10.4 with; 6.6–7.0 when the scale pass above prefetched instead).
+        // The group's four rows are adjacent: one stream, prefetched 4 KiB ahead (Zen 3, one
+        // thread, SmolLM2's Q5_0 matrices from memory: 8.8 GB/s without, 10.1–10.5 with 2,
+        // 4 or 8 KiB).
         let ahead = w[0]
             .as_ptr()
             .cast::<i8>()
@@ -480,6 +451,27 @@ unsafe fn rows4_avx2_impl<B: WeightBlock>(
         } else {
             _mm256_setzero_si256()
         };
+        let (mut d_bits, mut m_bits) = (0u64, 0u64);
+        for (r, row) in b.iter().enumerate() {
+            let (d, m) = row.dm();
+            d_bits |= u64::from(d) << (16 * r);
+            m_bits |= u64::from(m) << (16 * r);
+        }
+        // [d_w r * d_x] for rows r = 0..3: each the one-row kernel's f32 product.
+        let d = _mm_mul_ps(
+            _mm_cvtph_ps(_mm_cvtsi64_si128(d_bits as i64)),
+            _mm_set1_ps(ab.d),
+        );
+        if B::MINS {
+            let m = _mm_cvtph_ps(_mm_cvtsi64_si128(m_bits as i64));
+            acc_m = _mm_add_ps(acc_m, _mm_mul_ps(m, _mm_set1_ps(ab.s)));
+        }
+        let ds = [
+            _mm256_broadcastss_ps(d),
+            _mm256_broadcastss_ps(_mm_movehdup_ps(d)),
+            _mm256_broadcastss_ps(_mm_movehl_ps(d, d)),
+            _mm256_broadcastss_ps(_mm_shuffle_ps::<0xFF>(d, d)),
+        ];
         for r in 0..4 {
             // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
             let q =
@@ -498,8 +490,7 @@ unsafe fn rows4_avx2_impl<B: WeightBlock>(
             if B::FIFTH_BITS && !B::MINS {
                 lanes = _mm256_add_epi32(lanes, start);
             }
-            let d = _mm256_broadcast_ss(&s.0[r]);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
+            acc[r] = _mm256_fmadd_ps(ds[r], _mm256_cvtepi32_ps(lanes), acc[r]);
         }
     }
     let mut m = [0.0f32; 4];
@@ -638,7 +629,6 @@ mod tests {
         };
         let mut r = Rng::new(46);
         for nb in [1usize, 2, 3, 7, 18, 48, 161] {
-            let mut scales = vec![RowScales::default(); nb];
             for extreme in [false, true] {
                 for k in 0..2 {
                     let x_extreme = extreme && k == 1;
@@ -658,7 +648,7 @@ mod tests {
                     }
                     let rows: Vec<&[BlockQ5_0]> = w.chunks_exact(nb * 22).map(blocks).collect();
                     for pick in picks.clone() {
-                        let got = dot_rows4_avx2(t, pick.map(|p| rows[p]), xb, &a, &mut scales);
+                        let got = dot_rows4_avx2(t, pick.map(|p| rows[p]), xb, &a);
                         for (v, p) in got.into_iter().zip(pick) {
                             let want = avx2_quants::dot_q5_0_q8_0(t, rows[p], xb);
                             assert_eq!(v.to_bits(), want.to_bits(), "Q5_0 nb={nb} {extreme} {k}");
@@ -671,7 +661,7 @@ mod tests {
                     prepare_q8_1(xb, &mut a);
                     let rows: Vec<&[BlockQ4_1]> = w.chunks_exact(nb * 20).map(blocks).collect();
                     for pick in picks.clone() {
-                        let got = dot_rows4_avx2(t, pick.map(|p| rows[p]), xb, &a, &mut scales);
+                        let got = dot_rows4_avx2(t, pick.map(|p| rows[p]), xb, &a);
                         for (v, p) in got.into_iter().zip(pick) {
                             let want = avx2::dot_q4_1_q8_1(t, rows[p], xb);
                             assert_eq!(v.to_bits(), want.to_bits(), "Q4_1 nb={nb} {extreme} {k}");
@@ -684,7 +674,7 @@ mod tests {
                     prepare_q8_1(xb, &mut a);
                     let rows: Vec<&[BlockQ5_1]> = w.chunks_exact(nb * 24).map(blocks).collect();
                     for pick in picks {
-                        let got = dot_rows4_avx2(t, pick.map(|p| rows[p]), xb, &a, &mut scales);
+                        let got = dot_rows4_avx2(t, pick.map(|p| rows[p]), xb, &a);
                         for (v, p) in got.into_iter().zip(pick) {
                             let want = avx2_quants::dot_q5_1_q8_1(t, rows[p], xb);
                             assert_eq!(v.to_bits(), want.to_bits(), "Q5_1 nb={nb} {extreme} {k}");

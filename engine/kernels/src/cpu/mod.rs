@@ -733,37 +733,6 @@ impl Kernels {
                 .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked by the arm)"))
             }};
         }
-        // Four rows per call with AVX2 alone (`legacy_rows::dot_rows4_avx2`): the activation's
-        // pieces and the rows' scale products on the stack, for rows of at most 512 blocks (the
-        // callers' guards).
-        #[cfg(target_arch = "x86_64")]
-        macro_rules! avx2_rows4 {
-            ($wblock:ty, $xblock:ty, $prepare:expr, $dot:expr) => {{
-                let t = match isa {
-                    Isa::Avx2(t) => t,
-                    _ => unreachable!("an AVX2 arm"),
-                };
-                let xb: &[$xblock] = blocks(x);
-                avx2::with_block_scales(xb.len(), |a: &mut [legacy_rows::ActBlock]| {
-                    $prepare(xb, &mut *a);
-                    let a = &*a;
-                    avx2::with_block_scales(xb.len(), |s: &mut [legacy_rows::RowScales]| {
-                        let (y4, y1) = y.split_at_mut(y.len() / 4 * 4);
-                        let (w4, w1) = w.split_at(y4.len() * rb);
-                        for (ys, ws) in y4.chunks_exact_mut(4).zip(w4.chunks_exact(4 * rb)) {
-                            let w4: [&[$wblock]; 4] =
-                                std::array::from_fn(|k| blocks(&ws[k * rb..(k + 1) * rb]));
-                            ys.copy_from_slice(&legacy_rows::dot_rows4_avx2(t, w4, xb, a, s));
-                        }
-                        for (yi, wr) in y1.iter_mut().zip(w1.chunks_exact(rb)) {
-                            *yi = $dot(blocks(wr), xb);
-                        }
-                    })
-                })
-                .flatten()
-                .unwrap_or_else(|| unreachable!("at most 512 blocks here (checked by the arm)"))
-            }};
-        }
         match (isa, w_ty) {
             // llama.cpp's repacked single-token kernels (see `repack.rs`), in every x86 set.
             #[cfg(target_arch = "x86_64")]
@@ -921,20 +890,27 @@ impl Kernels {
             (Isa::Avx2(t), GgmlType::Q8_0) if t.avx512() => {
                 rows2_with!(t, avx2::dot_q8_0_q8_0_rows2, avx2::dot_q8_0_q8_0)
             }
+            // One Q4_1 / Q5_1 (and Q5_0 below) token four rows at a time with AVX2 alone
+            // (`legacy_rows::dot_rows4_avx2`; rows of at most 512 blocks, as above).
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) if x.len() / std::mem::size_of::<BlockQ8_1>() <= 512 => {
-                avx2_rows4!(
-                    q4_1::BlockQ4_1,
+                prepared_rows4!(
+                    legacy_rows::ActBlock,
                     BlockQ8_1,
                     legacy_rows::prepare_q8_1,
+                    |w4, xb, a| legacy_rows::dot_rows4_avx2(t, w4, xb, a),
                     |wr, xb| avx2::dot_q4_1_q8_1(t, wr, xb)
                 )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_1) if x.len() / std::mem::size_of::<BlockQ8_1>() <= 512 => {
-                avx2_rows4!(BlockQ5_1, BlockQ8_1, legacy_rows::prepare_q8_1, |wr, xb| {
-                    avx2_quants::dot_q5_1_q8_1(t, wr, xb)
-                })
+                prepared_rows4!(
+                    legacy_rows::ActBlock,
+                    BlockQ8_1,
+                    legacy_rows::prepare_q8_1,
+                    |w4, xb, a| legacy_rows::dot_rows4_avx2(t, w4, xb, a),
+                    |wr, xb| avx2_quants::dot_q5_1_q8_1(t, wr, xb)
+                )
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q4_1) => {
@@ -968,13 +944,13 @@ impl Kernels {
                     rows_with!(|wr| avx2::dot_q8_0_q8_0_with(t, blocks(wr), xb, sign_ok))
                 }
             }
-            // One Q5_0 token four rows at a time with AVX2 alone (`legacy_rows.rs`).
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2(t), GgmlType::Q5_0) if x.len() / std::mem::size_of::<BlockQ8_0>() <= 512 => {
-                avx2_rows4!(
-                    q5_0::BlockQ5_0,
+                prepared_rows4!(
+                    legacy_rows::ActBlock,
                     BlockQ8_0,
                     |xb, a| legacy_rows::prepare_q8_0_avx2(t, xb, a),
+                    |w4, xb, a| legacy_rows::dot_rows4_avx2(t, w4, xb, a),
                     |wr, xb| avx2_quants::dot_q5_0_q8_0(t, wr, xb)
                 )
             }
