@@ -256,43 +256,79 @@ pub(super) mod avx2 {
         hsum(acc)
     }
 
-    /// Sub-block `k` of an IQ4_XS block as 32 signed values (the table entries of the low
-    /// nibbles, then of the high ones).
+    /// IQ4_NL's 16 values in both 128-bit halves, for [`iq4_xs_values`].
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_xs_values(table: __m128i, bw: &BlockIq4Xs, k: usize) -> __m256i {
+    unsafe fn iq4_nl_table() -> __m256i {
+        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) })
+    }
+
+    /// Sub-block `k` of an IQ4_XS block as 32 signed values (the table entries of the low
+    /// nibbles, then of the high ones): the 16 bytes loaded into both halves, the high half
+    /// shifted down by one 64-bit shift, one lookup in `table` ([`iq4_nl_table`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_values(table: __m256i, bw: &BlockIq4Xs, k: usize) -> __m256i {
         assert!(k < QK_K / 32);
-        let m4 = _mm_set1_epi8(15);
         // SAFETY: 16 readable bytes at qs[16k] (k < 8, qs has 128); loadu has no alignment
         // requirement.
         let qs = unsafe { _mm_loadu_si128(bw.qs.as_ptr().add(16 * k).cast()) };
-        let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
-        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
-        _mm256_set_m128i(hi, lo)
+        let halves = _mm256_srlv_epi64(
+            _mm256_broadcastsi128_si256(qs),
+            _mm256_setr_epi64x(0, 0, 4, 4),
+        );
+        _mm256_shuffle_epi8(table, _mm256_and_si256(halves, _mm256_set1_epi8(15)))
     }
 
-    /// The eight sub-block scales, unbiased, as i16 `madd` multipliers.
-    #[inline(always)]
-    fn iq4_xs_scales(bw: &BlockIq4Xs) -> [i16; QK_K / 32] {
-        // -32..=31: fits i16.
-        std::array::from_fn(|k| bw.scale(k) as i16)
-    }
-
-    /// ggml's `mul_add_epi8` then `madd` with the sub-block scale: lane `i` the scale times
-    /// the [`sign_product`]s of elements `4i .. 4i + 4`. `abs_q` is `sign(q, q)`. Exact: a
-    /// `maddubs` pair is at most 2 * 127 * 128 in magnitude (IQ4_NL's values are -127..=113),
-    /// no i16 saturation.
+    /// The eight sub-block scales, unbiased (-32..=31), as i16 lanes 0..8 of both 128-bit
+    /// halves, formed in vector registers (the scalar bit-fiddling took about a fifth of the
+    /// one-row kernel's instructions); [`iq4_xs_scale`] broadcasts one.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_xs_lanes(abs_q: __m256i, q: __m256i, y: __m256i, ls: i16) -> __m256i {
+    unsafe fn iq4_xs_scales(bw: &BlockIq4Xs) -> __m256i {
+        // Scale k: bits 4k..4k + 4 of `scales_l` and bits 2k..2k + 2 of `scales_h` above them.
+        let low = _mm256_srlv_epi32(
+            _mm256_set1_epi32(u32::from_le_bytes(bw.scales_l) as i32),
+            _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+        );
+        let high = _mm256_srlv_epi32(
+            _mm256_set1_epi32(i32::from(u16::from_le_bytes(bw.scales_h)) << 4),
+            _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+        );
+        let scales = _mm256_sub_epi32(
+            _mm256_or_si256(
+                _mm256_and_si256(low, _mm256_set1_epi32(0x0F)),
+                _mm256_and_si256(high, _mm256_set1_epi32(0x30)),
+            ),
+            _mm256_set1_epi32(32),
+        );
+        // Packed: [s0..s3, s0..s3 | s4..s7, s4..s7]; quads 0 and 2 in both halves: s0..s7.
+        _mm256_permute4x64_epi64::<0x88>(_mm256_packs_epi32(scales, scales))
+    }
+
+    /// Scale `k` of [`iq4_xs_scales`] in every i16 lane: one in-lane shuffle.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_scale(scales: __m256i, k: usize) -> __m256i {
+        let pick = (((2 * k + 1) << 8) | (2 * k)) as i16;
+        _mm256_shuffle_epi8(scales, _mm256_set1_epi16(pick))
+    }
+
+    /// ggml's `mul_add_epi8` then `madd` with the sub-block scale (`ls`, in every i16 lane):
+    /// lane `i` the scale times the [`sign_product`]s of elements `4i .. 4i + 4`. `abs_q` is
+    /// `sign(q, q)`. Exact: a `maddubs` pair is at most 2 * 127 * 128 in magnitude (IQ4_NL's
+    /// values are -127..=113), no i16 saturation.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_lanes(abs_q: __m256i, q: __m256i, y: __m256i, ls: __m256i) -> __m256i {
         let p = _mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(y, q));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(ls))
+        _mm256_madd_epi16(p, ls)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs_impl(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
-        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
-        let table = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+        let table = iq4_nl_table();
         let mut acc = _mm256_setzero_ps();
         for (bw, bx) in w.iter().zip(x) {
             // Decode streams the weights once: the lines of the block 16 blocks ahead, as the
@@ -309,7 +345,8 @@ pub(super) mod avx2 {
             let mut lanes = [_mm256_setzero_si256(); 2];
             for k in 0..QK_K / 32 {
                 let q = iq4_xs_values(table, bw, k);
-                let p = iq4_xs_lanes(_mm256_sign_epi8(q, q), q, load32(&bx.qs[32 * k..]), ls[k]);
+                let y = load32(&bx.qs[32 * k..]);
+                let p = iq4_xs_lanes(_mm256_sign_epi8(q, q), q, y, iq4_xs_scale(ls, k));
                 lanes[k % 2] = _mm256_add_epi32(lanes[k % 2], p);
             }
             let sum = _mm256_add_epi32(lanes[0], lanes[1]);
@@ -326,8 +363,7 @@ pub(super) mod avx2 {
     /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs_xn_impl<const N: usize>(w: &[BlockIq4Xs], x: [&[BlockQ8_K]; N]) -> [f32; N] {
-        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
-        let table = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+        let table = iq4_nl_table();
         let mut acc = [_mm256_setzero_ps(); N];
         // Loops, not `array::map`: a closure does not take this function's target features,
         // and was not inlined here (3% of a prefill of SmolLM2 IQ4_XS on Zen 3).
@@ -337,10 +373,11 @@ pub(super) mod avx2 {
             for k in 0..QK_K / 32 {
                 let q = iq4_xs_values(table, bw, k);
                 let abs_q = _mm256_sign_epi8(q, q);
+                let ls = iq4_xs_scale(ls, k);
                 for t in 0..N {
                     // SAFETY: i < w.len() <= x[t].len() (caller).
                     let bx = unsafe { x[t].get_unchecked(i) };
-                    let p = iq4_xs_lanes(abs_q, q, load32(&bx.qs[32 * k..]), ls[k]);
+                    let p = iq4_xs_lanes(abs_q, q, load32(&bx.qs[32 * k..]), ls);
                     lanes[t] = _mm256_add_epi32(lanes[t], p);
                 }
             }
