@@ -170,6 +170,15 @@ pub(super) unsafe fn load_q8(qs: &[i8; 32]) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
+    let set = fifth_bits(u32::from_le_bytes(*qh));
+    _mm256_or_si256(nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+}
+
+/// Byte `j` all ones where bit `j` of `qh` (a Q5_0 / Q5_1 block's fifth bits) is set, else
+/// zero: byte `j` gets `qh` byte `j / 8` by a shuffle, and bit `j % 8` of it is tested.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fifth_bits(qh: u32) -> __m256i {
     let spread = _mm256_setr_epi64x(
         0x0000_0000_0000_0000,
         0x0101_0101_0101_0101,
@@ -177,9 +186,8 @@ pub(super) unsafe fn q5_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
         0x0303_0303_0303_0303,
     );
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(i32::from_le_bytes(*qh)), spread);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    _mm256_or_si256(nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+    _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
 }
 
 /// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K / Q5_K block, unpacked from
