@@ -27,7 +27,7 @@ use crate::graph::WeightId;
 use crate::model::Model;
 
 /// Bump when a kernel changes enough to invalidate cached choices (13: the AVX2 panels; 14:
-/// IQ4_XS through them; 15: the AVX2 four-row Q4_1 / Q5_0 / Q5_1 decode).
+/// IQ4_XS through them; 15: the AVX2 four-row Q4_1 / Q5_0 / Q5_1 / Q8_0 decode).
 const KERNEL_SET_VERSION: u32 = 15;
 /// The weight types whose AVX-512 and AVX2 kernels are timed against each other: every type
 /// with an AVX-512 kernel in some phase (where a phase has none, both candidates run the same
