@@ -139,6 +139,10 @@ unsafe fn dot_q8_0_q8_0_sign_impl(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     hsum(acc)
 }
 
+/// How far ahead of a four-row group's current block [`dot_q8_0_q8_0_sign_rows4_impl`]
+/// prefetches (as `legacy_rows`' four-row kernels).
+const ROWS4_PREFETCH_AHEAD: usize = 4096;
+
 /// [`dot_q8_0_q8_0`] (sign trick) of four weight rows (adjacent in the matrix): per block
 /// the four rows' `d_w * d_x` in one 128-bit multiply, broadcast by in-lane shuffles, and the
 /// group's lines prefetched as one stream 4 KiB ahead. The same bits as four one-row calls.
@@ -165,7 +169,10 @@ unsafe fn dot_q8_0_q8_0_sign_rows4_impl(
                 x.get_unchecked(i),
             )
         };
-        let ahead = w[0].as_ptr().cast::<i8>().wrapping_add(4096 + 4 * 34 * i);
+        let ahead = w[0]
+            .as_ptr()
+            .cast::<i8>()
+            .wrapping_add(ROWS4_PREFETCH_AHEAD + 4 * std::mem::size_of::<BlockQ8_0>() * i);
         // (A prefetch reads nothing architecturally and never faults, whatever the address.)
         _mm_prefetch::<_MM_HINT_T0>(ahead);
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
@@ -177,12 +184,7 @@ unsafe fn dot_q8_0_q8_0_sign_rows4_impl(
         let dx = _mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bx.d)));
         // [d_w r * d_x]: each the one-row kernel's f32 product.
         let d = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)), dx);
-        let ds = [
-            _mm256_broadcastss_ps(d),
-            _mm256_broadcastss_ps(_mm_movehdup_ps(d)),
-            _mm256_broadcastss_ps(_mm_movehl_ps(d, d)),
-            _mm256_broadcastss_ps(_mm_shuffle_ps::<0xFF>(d, d)),
-        ];
+        let ds = super::x86::broadcast_each(d);
         let xq = load_q8(&bx.qs);
         for r in 0..4 {
             let a = load_q8(&b[r].qs);

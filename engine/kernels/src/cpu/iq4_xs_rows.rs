@@ -88,29 +88,6 @@ unsafe fn prepare_impl(x: &[BlockQ8_K], out: &mut [ActBlock]) {
 const LOW_NIBBLE: i64 = 0x0102_0408_0000_0000;
 const HIGH_NIBBLE: i64 = 0x1020_4080_0000_0000;
 
-/// The 8 sub-block scales of `b`, unbiased, in the lanes of a register: scalar code for them
-/// (`BlockIq4Xs::scale`) was the kernel's bottleneck, some 60 integer instructions per row and
-/// super-block.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scales(b: &BlockIq4Xs) -> __m256i {
-    let low = _mm256_set1_epi32(i32::from_le_bytes(b.scales_l));
-    let high = _mm256_set1_epi32(i32::from(u16::from_le_bytes(b.scales_h)));
-    // Sub-block k: nibble k of `scales_l` (as a u32) and bits 2k, 2k + 1 of `scales_h`.
-    let low = _mm256_and_si256(
-        _mm256_srlv_epi32(low, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-        _mm256_set1_epi32(0x0F),
-    );
-    let high = _mm256_and_si256(
-        _mm256_srlv_epi32(high, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3),
-    );
-    _mm256_sub_epi32(
-        _mm256_or_si256(low, _mm256_slli_epi32::<4>(high)),
-        _mm256_set1_epi32(32),
-    )
-}
-
 /// `R` rows' dots with the activation (`x`, `a`). `GFNI` selects the nibble split.
 ///
 /// # Safety
@@ -154,7 +131,7 @@ unsafe fn rows_body<const R: usize, const GFNI: bool>(
         let mut ls = [_mm256_setzero_si256(); R];
         for (l, b) in ls.iter_mut().zip(b) {
             // SAFETY: AVX2 is present (caller).
-            *l = unsafe { scales(b) };
+            *l = unsafe { super::x86::iq4_xs_scales(b) };
         }
         let mut lanes = [_mm256_setzero_si256(); R];
         for k in 0..SUB {

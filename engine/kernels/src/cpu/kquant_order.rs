@@ -167,7 +167,7 @@ pub(super) mod avx2 {
     // The enclosing file by its absolute path: `scripts/check-layers.py` resolves paths per file
     // and would take `super::` here for `cpu/mod.rs`.
     use crate::cpu::kquant_order::*;
-    use crate::cpu::x86::{hsum, Token};
+    use crate::cpu::x86::{hsum, iq4_nl_values, Token};
     use std::arch::x86_64::*;
 
     /// 16 i16 pair sums of a 32-element group (`maddubs` order: pair `j` = elements `2j, 2j + 1`)
@@ -256,53 +256,22 @@ pub(super) mod avx2 {
         hsum(acc)
     }
 
-    /// IQ4_NL's 16 values in both 128-bit halves, for [`iq4_xs_values`].
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_nl_table() -> __m256i {
-        // SAFETY: the table is 16 readable bytes; `loadu` has no alignment requirement.
-        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) })
-    }
-
     /// Sub-block `k` of an IQ4_XS block as 32 signed values (the table entries of the low
-    /// nibbles, then of the high ones): the 16 bytes loaded into both halves, the high half
-    /// shifted down by one 64-bit shift, one lookup in `table` ([`iq4_nl_table`]).
+    /// nibbles, then of the high ones).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_xs_values(table: __m256i, bw: &BlockIq4Xs, k: usize) -> __m256i {
-        assert!(k < QK_K / 32);
-        // SAFETY: 16 readable bytes at qs[16k] (k < 8, qs has 128); loadu has no alignment
-        // requirement.
-        let qs = unsafe { _mm_loadu_si128(bw.qs.as_ptr().add(16 * k).cast()) };
-        let halves = _mm256_srlv_epi64(
-            _mm256_broadcastsi128_si256(qs),
-            _mm256_setr_epi64x(0, 0, 4, 4),
-        );
-        _mm256_shuffle_epi8(table, _mm256_and_si256(halves, _mm256_set1_epi8(15)))
+    unsafe fn iq4_xs_values(bw: &BlockIq4Xs, k: usize) -> __m256i {
+        let qs: &[u8; 16] = bw.qs[16 * k..16 * k + 16].try_into().expect("k < 8");
+        // SAFETY: AVX2 is present (this function's features).
+        unsafe { iq4_nl_values(qs) }
     }
 
-    /// The eight sub-block scales, unbiased (-32..=31), as i16 lanes 0..8 of both 128-bit
-    /// halves, formed in vector registers (the scalar bit-fiddling took about a fifth of the
-    /// one-row kernel's instructions); [`iq4_xs_scale`] broadcasts one.
+    /// The eight sub-block scales ([`x86::iq4_xs_scales`](crate::cpu::x86::iq4_xs_scales)) as
+    /// i16 lanes 0..8 of both 128-bit halves; [`iq4_xs_scale`] broadcasts one.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs_scales(bw: &BlockIq4Xs) -> __m256i {
-        // Scale k: bits 4k..4k + 4 of `scales_l` and bits 2k..2k + 2 of `scales_h` above them.
-        let low = _mm256_srlv_epi32(
-            _mm256_set1_epi32(u32::from_le_bytes(bw.scales_l) as i32),
-            _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
-        );
-        let high = _mm256_srlv_epi32(
-            _mm256_set1_epi32(i32::from(u16::from_le_bytes(bw.scales_h)) << 4),
-            _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
-        );
-        let scales = _mm256_sub_epi32(
-            _mm256_or_si256(
-                _mm256_and_si256(low, _mm256_set1_epi32(0x0F)),
-                _mm256_and_si256(high, _mm256_set1_epi32(0x30)),
-            ),
-            _mm256_set1_epi32(32),
-        );
+        let scales = crate::cpu::x86::iq4_xs_scales(bw);
         // Packed: [s0..s3, s0..s3 | s4..s7, s4..s7]; quads 0 and 2 in both halves: s0..s7.
         _mm256_permute4x64_epi64::<0x88>(_mm256_packs_epi32(scales, scales))
     }
@@ -328,7 +297,6 @@ pub(super) mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs_impl(w: &[BlockIq4Xs], x: &[BlockQ8_K]) -> f32 {
-        let table = iq4_nl_table();
         let mut acc = _mm256_setzero_ps();
         for (bw, bx) in w.iter().zip(x) {
             // Decode streams the weights once: the lines of the block 16 blocks ahead, as the
@@ -344,7 +312,7 @@ pub(super) mod avx2 {
             // Two integer sums (independent chains); integer addition is exact in any order.
             let mut lanes = [_mm256_setzero_si256(); 2];
             for k in 0..QK_K / 32 {
-                let q = iq4_xs_values(table, bw, k);
+                let q = iq4_xs_values(bw, k);
                 let y = load32(&bx.qs[32 * k..]);
                 let p = iq4_xs_lanes(_mm256_sign_epi8(q, q), q, y, iq4_xs_scale(ls, k));
                 lanes[k % 2] = _mm256_add_epi32(lanes[k % 2], p);
@@ -363,7 +331,6 @@ pub(super) mod avx2 {
     /// AVX2, FMA and F16C are present; every `x[t]` has at least `w.len()` blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs_xn_impl<const N: usize>(w: &[BlockIq4Xs], x: [&[BlockQ8_K]; N]) -> [f32; N] {
-        let table = iq4_nl_table();
         let mut acc = [_mm256_setzero_ps(); N];
         // Loops, not `array::map`: a closure does not take this function's target features,
         // and was not inlined here (3% of a prefill of SmolLM2 IQ4_XS on Zen 3).
@@ -371,7 +338,7 @@ pub(super) mod avx2 {
             let ls = iq4_xs_scales(bw);
             let mut lanes = [_mm256_setzero_si256(); N];
             for k in 0..QK_K / 32 {
-                let q = iq4_xs_values(table, bw, k);
+                let q = iq4_xs_values(bw, k);
                 let abs_q = _mm256_sign_epi8(q, q);
                 let ls = iq4_xs_scale(ls, k);
                 for t in 0..N {

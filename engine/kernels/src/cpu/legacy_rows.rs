@@ -46,7 +46,7 @@ use super::q5_0::BlockQ5_0;
 use super::q5_1::BlockQ5_1;
 use super::q8_0::BlockQ8_0;
 use super::q8_1::BlockQ8_1;
-use super::x86::{fifth_bits, hsum, Token};
+use super::x86::{broadcast_each, fifth_bits, hsum, nibbles, Token};
 
 /// How far ahead of the group's current block the kernels prefetch (measured on Zen 4 from
 /// memory: 12 GB/s with none, 19 at 1 KiB, 21 at 4 and 8 KiB).
@@ -64,29 +64,33 @@ pub(super) struct ActBlock {
     s: f32,
 }
 
-/// The Q8_0 activation's [`ActBlock`]s (`out.len()` blocks).
+/// The Q8_0 activation's [`ActBlock`]s (`out.len()` blocks), for the AVX-512 and the AVX2
+/// four-row kernels alike: `-16 * sum` of each lane's 4 quants, exact in `maddubs`' i16 pairs
+/// (within +-4096) and `madd`'s i32 lanes.
 ///
 /// # Panics
 /// If `x` is shorter than `out`.
-pub(super) fn prepare_q8_0(t: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
-    assert!(t.avx512(), "prepare_q8_0: an AVX-512 token");
+pub(super) fn prepare_q8_0(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
     assert!(x.len() >= out.len(), "prepare_q8_0: activation too short");
-    // SAFETY: the token's AVX-512 features were detected; lengths checked.
+    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
     unsafe { prepare_q8_0_impl(x, out) }
 }
 
 /// # Safety
-/// The CPU has the features of [`super::x86::avx512_detected`]; `x.len() >= out.len()`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+/// AVX2, FMA and F16C are present; `x.len() >= out.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn prepare_q8_0_impl(x: &[BlockQ8_0], out: &mut [ActBlock]) {
-    let zero = _mm256_setzero_si256();
-    let sixteen = _mm256_set1_epi8(16);
+    let (zero, sixteen, ones) = (
+        _mm256_setzero_si256(),
+        _mm256_set1_epi8(16),
+        _mm256_set1_epi16(1),
+    );
     for (o, b) in out.iter_mut().zip(x) {
         // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
         let y = unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) };
-        let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, y));
+        let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, y), ones);
         // SAFETY: `start` is 32 writable bytes; `storeu` has no alignment requirement.
-        unsafe { _mm256_storeu_si256(o.start.as_mut_ptr().cast(), start) };
+        unsafe { _mm256_storeu_si256(o.start.as_mut_ptr().cast(), _mm256_sub_epi32(zero, sums)) };
         o.d = super::block::f16_le(b.d);
         o.s = 0.0;
     }
@@ -257,12 +261,8 @@ unsafe fn rows4_body<B: WeightBlock, const GFNI: bool>(
         if B::MINS {
             acc_m = _mm_add_ps(acc_m, _mm_mul_ps(half4(dm.map(|p| p.1)), _mm_set1_ps(ab.s)));
         }
-        let ds = [
-            _mm256_broadcastss_ps(d),
-            _mm256_broadcastss_ps(_mm_movehdup_ps(d)),
-            _mm256_broadcastss_ps(_mm_unpackhi_ps(d, d)),
-            _mm256_broadcastss_ps(_mm_shuffle_ps::<0xFF>(d, d)),
-        ];
+        // SAFETY: AVX2 is present (caller).
+        let ds = unsafe { broadcast_each(d) };
         for r in 0..4 {
             // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
             let q =
@@ -340,42 +340,6 @@ pub(super) fn dot_rows4<B: WeightBlock>(
     }
 }
 
-/// The Q8_0 activation's [`ActBlock`]s with AVX2 alone: the same values as
-/// [`prepare_q8_0`] (`-16 * sum` of each lane's 4 quants, exact in i16 pairs and i32 lanes).
-///
-/// # Panics
-/// If `x` is shorter than `out`.
-pub(super) fn prepare_q8_0_avx2(_: Token, x: &[BlockQ8_0], out: &mut [ActBlock]) {
-    assert!(
-        x.len() >= out.len(),
-        "prepare_q8_0_avx2: activation too short"
-    );
-    // SAFETY: a `Token` exists only once AVX2, FMA and F16C were detected; lengths checked.
-    unsafe { prepare_q8_0_avx2_impl(x, out) }
-}
-
-/// # Safety
-/// AVX2, FMA and F16C are present; `x.len() >= out.len()`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prepare_q8_0_avx2_impl(x: &[BlockQ8_0], out: &mut [ActBlock]) {
-    let (zero, sixteen, ones) = (
-        _mm256_setzero_si256(),
-        _mm256_set1_epi8(16),
-        _mm256_set1_epi16(1),
-    );
-    for (o, b) in out.iter_mut().zip(x) {
-        // SAFETY: `qs` is 32 readable bytes; `loadu` has no alignment requirement.
-        let y = unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) };
-        // Pairs 16 * (y0 + y1) are within +-4096; the lanes' sums of two within +-8192.
-        let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, y), ones);
-        let start = _mm256_sub_epi32(zero, sums);
-        // SAFETY: `start` is 32 writable bytes; `storeu` has no alignment requirement.
-        unsafe { _mm256_storeu_si256(o.start.as_mut_ptr().cast(), start) };
-        o.d = super::block::f16_le(b.d);
-        o.s = 0.0;
-    }
-}
-
 /// [`dot_rows4`] with AVX2 alone (for CPUs without AVX-512: Zen 1–3, Intel client cores):
 /// per row and block the nibbles split by one 64-bit shift of a twice-loaded 16 bytes, the fifth
 /// bits spread by a shuffle and a compare, and the lane sums of `maddubs` and `madd`; the
@@ -406,8 +370,6 @@ pub(super) fn dot_rows4_avx2<B: WeightBlock>(
 unsafe fn rows4_avx2_impl<B: WeightBlock>(w: [&[B]; 4], x: &[B::Act], a: &[ActBlock]) -> [f32; 4] {
     // Closures and `array::map` stay calls inside a `target_feature` function: plain loops.
     let mut acc_m = _mm_setzero_ps();
-    let low4 = _mm256_set1_epi8(0x0F);
-    let high_half = _mm256_setr_epi64x(0, 0, 4, 4);
     let sixteen = _mm256_set1_epi8(16);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -458,20 +420,12 @@ unsafe fn rows4_avx2_impl<B: WeightBlock>(w: [&[B]; 4], x: &[B::Act], a: &[ActBl
             let m = _mm_cvtph_ps(_mm_cvtsi64_si128(m_bits as i64));
             acc_m = _mm_add_ps(acc_m, _mm_mul_ps(m, _mm_set1_ps(ab.s)));
         }
-        let ds = [
-            _mm256_broadcastss_ps(d),
-            _mm256_broadcastss_ps(_mm_movehdup_ps(d)),
-            _mm256_broadcastss_ps(_mm_movehl_ps(d, d)),
-            _mm256_broadcastss_ps(_mm_shuffle_ps::<0xFF>(d, d)),
-        ];
+        let ds = broadcast_each(d);
         for r in 0..4 {
-            // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
-            let q =
-                _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(b[r].qs().as_ptr().cast()) });
-            // Low nibbles in the low half, high nibbles (shifted down) in the high half.
-            let n = _mm256_and_si256(_mm256_srlv_epi64(q, high_half), low4);
+            // SAFETY: AVX2 is present (this function's features).
+            let n = unsafe { nibbles(b[r].qs()) };
             let u = if B::FIFTH_BITS {
-                // SAFETY: AVX2 is present (this function's features).
+                // SAFETY: as above.
                 let set = unsafe { fifth_bits(b[r].qh()) };
                 _mm256_or_si256(n, _mm256_and_si256(set, sixteen))
             } else {
@@ -613,7 +567,7 @@ mod tests {
 
     /// [`dot_rows4_avx2`] of every group of four of 6 rows against the AVX2 one-row kernels,
     /// bit for bit, as the AVX-512 test above (random and extreme blocks and activations, odd
-    /// block counts); for Q5_0 also against the AVX-512 pieces where the CPU has them.
+    /// block counts).
     #[test]
     fn avx2_four_row_kernels_bit_identical_to_the_one_row_kernels() {
         let Some(t) = Token::detect() else {
@@ -630,14 +584,7 @@ mod tests {
                     let x = q8_0_row(&mut r, nb, x_extreme);
                     let xb: &[BlockQ8_0] = blocks(&x);
                     let mut a = vec![ActBlock::default(); nb];
-                    prepare_q8_0_avx2(t, xb, &mut a);
-                    if let Some(t512) = Token::detect_avx512() {
-                        let mut a512 = vec![ActBlock::default(); nb];
-                        prepare_q8_0(t512, xb, &mut a512);
-                        for (p, q) in a.iter().zip(&a512) {
-                            assert_eq!((p.start, p.d.to_bits()), (q.start, q.d.to_bits()));
-                        }
-                    }
+                    prepare_q8_0(t, xb, &mut a);
                     let rows: Vec<&[BlockQ5_0]> = w.chunks_exact(nb * 22).map(blocks).collect();
                     for pick in picks.clone() {
                         let got = dot_rows4_avx2(t, pick.map(|p| rows[p]), xb, &a);

@@ -948,7 +948,7 @@ impl Kernels {
                 prepared_rows4!(
                     legacy_rows::ActBlock,
                     BlockQ8_0,
-                    |xb, a| legacy_rows::prepare_q8_0_avx2(t, xb, a),
+                    |xb, a| legacy_rows::prepare_q8_0(t, xb, a),
                     |w4, xb, a| legacy_rows::dot_rows4_avx2(t, w4, xb, a),
                     |wr, xb| avx2_quants::dot_q5_0_q8_0(t, wr, xb)
                 )

@@ -12,6 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::iq4_nl::KVALUES_IQ4NL;
+use super::iq4_xs::BlockIq4Xs;
 use super::q4_k::BlockQ4_K;
 use super::q8_k::BlockQ8_K;
 
@@ -136,10 +137,48 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // The 16 bytes loaded into both halves (a load alone), the high half shifted down by one
+    // 64-bit shift: one instruction fewer than a shift and an insert of the 128-bit halves.
     // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
-    let q = _mm_loadu_si128(qs.as_ptr().cast());
-    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr().cast()));
+    let both = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Each of `d`'s four lanes broadcast to a 256-bit register (the four-row kernels' per-row
+/// scale products), by in-lane shuffles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn broadcast_each(d: __m128) -> [__m256; 4] {
+    [
+        _mm256_broadcastss_ps(d),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(d)),
+        _mm256_broadcastss_ps(_mm_movehl_ps(d, d)),
+        _mm256_broadcastss_ps(_mm_shuffle_ps::<0xFF>(d, d)),
+    ]
+}
+
+/// The 8 sub-block scales of an IQ4_XS block, unbiased (-32..=31), in the i32 lanes of a
+/// register: scalar code for them (`BlockIq4Xs::scale`) takes some 60 integer instructions per
+/// super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn iq4_xs_scales(b: &BlockIq4Xs) -> __m256i {
+    let low = _mm256_set1_epi32(i32::from_le_bytes(b.scales_l));
+    let high = _mm256_set1_epi32(i32::from(u16::from_le_bytes(b.scales_h)));
+    // Sub-block k: nibble k of `scales_l` (as a u32) and bits 2k, 2k + 1 of `scales_h`.
+    let low = _mm256_and_si256(
+        _mm256_srlv_epi32(low, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        _mm256_set1_epi32(0x0F),
+    );
+    let high = _mm256_and_si256(
+        _mm256_srlv_epi32(high, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3),
+    );
+    _mm256_sub_epi32(
+        _mm256_or_si256(low, _mm256_slli_epi32::<4>(high)),
+        _mm256_set1_epi32(32),
+    )
 }
 
 /// The 32 values of 16 bytes of IQ4_NL nibbles (an IQ4_NL block, or an IQ4_XS sub-block):
