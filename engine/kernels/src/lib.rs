@@ -14,6 +14,7 @@
 
 #![warn(missing_docs)]
 
+pub mod balance;
 pub mod bandwidth;
 pub mod cpu;
 pub mod phases;

@@ -25,6 +25,7 @@
 //!    whose output shares an input's offset never makes a shared slice of that input: it reads
 //!    the element through the output slice, before writing it.
 
+use edge_kernels::balance::ShareBalance;
 use edge_kernels::cpu::ggml_order::LANES;
 use edge_kernels::phases::PhaseCounters;
 use edge_kernels::steal;
@@ -52,6 +53,21 @@ fn shared_parts_forced() -> Option<bool> {
         Ok("1") => Some(true),
         Ok("0") => Some(false),
         _ => None,
+    }
+}
+
+/// The decode matmuls' share weights: adapted to the threads' speeds, or fixed by
+/// `EDGE_RUN_SHARE_WEIGHTS` (comma-separated, relative to an equal share, repeated over the
+/// threads; e.g. `0.25,1.75`), for tests that the cut never changes a result and for
+/// comparisons.
+fn share_balance(n_threads: usize) -> ShareBalance {
+    let pinned: Option<Vec<f32>> = std::env::var("EDGE_RUN_SHARE_WEIGHTS")
+        .ok()
+        .and_then(|v| v.split(',').map(|w| w.trim().parse().ok()).collect())
+        .filter(|w: &Vec<f32>| !w.is_empty() && w.iter().all(|x| x.is_finite() && *x > 0.0));
+    match pinned {
+        Some(w) => ShareBalance::pinned(n_threads, &w),
+        None => ShareBalance::new(n_threads),
     }
 }
 
@@ -159,6 +175,9 @@ pub struct Executor {
     dump: bool,
     /// Decode matmuls' row chunks, claimed by the threads (see [`edge_kernels::steal`]).
     pub(super) claims: steal::RowClaims,
+    /// The threads' measured speeds, by which the decode matmuls not claimed in chunks are
+    /// shared (see [`edge_kernels::balance`]).
+    pub(super) balance: ShareBalance,
     /// The tag of the next run's first op: each op of each run tags its row claims with a
     /// larger number than any before it.
     next_tag: std::sync::atomic::AtomicUsize,
@@ -241,6 +260,7 @@ impl Executor {
             scratch_per_thread,
             dump: dump_enabled(),
             claims: steal::RowClaims::new(n_threads),
+            balance: share_balance(n_threads),
             next_tag: std::sync::atomic::AtomicUsize::new(0),
             phases: PhaseCounters::new(),
             shared: AtomicBool::new(false),
@@ -332,9 +352,10 @@ impl Executor {
             }
             return ok;
         }
-        self.pool.run(&|tid| {
+        let ok = self.pool.run(&|tid| {
             let base = OpCtx {
                 steal_all: contended,
+                balanced: n > 1,
                 ..OpCtx::first_op(self, model, kv, pg, args, tid, tag0)
             };
             for (i, op) in pg.graph.ops.iter().enumerate() {
@@ -346,7 +367,18 @@ impl Executor {
                     self.dump_value(pg, op, args.tokens.len());
                 }
             }
-        })
+        });
+        // Every thread has left the run, and the next one's job post publishes the new
+        // weights (see `edge_kernels::balance`).
+        self.balance.update();
+        ok
+    }
+
+    /// The decode matmuls' share of each thread, relative to an equal one (see
+    /// [`edge_kernels::balance`]): where one core runs slower than the others (a busy host, cores
+    /// of two kinds), it gets fewer rows.
+    pub fn share_weights(&self) -> Vec<f32> {
+        self.balance.relative_weights()
     }
 
     /// One thread's (`base.thread`) walk of a shared-part run: in each phase (the ops up to
@@ -422,6 +454,20 @@ impl Executor {
     }
 }
 
+impl Drop for Executor {
+    /// Tells `-v` where the threads' speeds differed enough to share the rows unequally.
+    fn drop(&mut self) {
+        let w = self.share_weights();
+        if w.iter().any(|&x| (x - 1.0).abs() >= 0.05) {
+            let shares: Vec<String> = w.iter().map(|x| format!("{x:.2}")).collect();
+            log::info!(
+                "threads: decode matmul shares at the end, by measured speed: {} of an equal share",
+                shares.join(" / ")
+            );
+        }
+    }
+}
+
 /// What one thread needs to run its share of one op.
 #[derive(Clone, Copy)]
 pub(super) struct OpCtx<'a> {
@@ -440,6 +486,10 @@ pub(super) struct OpCtx<'a> {
     /// Every decode matmul claims its rows in chunks, whatever its size (the machine is
     /// contended: see [`CONTENDED_SPIN_NS`]).
     pub(super) steal_all: bool,
+    /// The decode matmuls that each thread computes in one piece are shared by the threads'
+    /// measured speeds, and timed (runs that meet at barriers, each thread with its own
+    /// share; not shared-part runs, whose parts any thread may take).
+    pub(super) balanced: bool,
 }
 
 impl<'a> OpCtx<'a> {
@@ -464,6 +514,7 @@ impl<'a> OpCtx<'a> {
             n_threads: exec.n_threads(),
             tag: tag0,
             steal_all: false,
+            balanced: false,
         }
     }
 

@@ -85,11 +85,28 @@ impl OpCtx<'_> {
             }
             return;
         }
-        let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
+        let decode = n_tok <= MATVEC_TOKENS;
         // A decode matmul (one session's, or a few decoding together) streams the weights
         // once: one call over the thread's whole share, so that the kernels' prefetching runs
-        // ahead across it without a break (and the tokens' scales are converted once).
-        let chunk = if n_tok <= MATVEC_TOKENS {
+        // ahead across it without a break (and the tokens' scales are converted once). The
+        // shares follow the threads' measured speeds, so that they arrive at the barrier
+        // together.
+        if decode && self.balanced {
+            let mine = self.exec.balance.share(w.n_rows, self.tid, ROWS_PER_CHUNK);
+            if !mine.is_empty() {
+                let started = std::time::Instant::now();
+                self.matmul_rows(w.ty, w.row_len, bytes, xq, xrb, n_tok, mine.clone(), out);
+                let row_bytes = bytes.len() / w.n_rows.max(1);
+                self.exec.balance.record(
+                    self.thread,
+                    (mine.len() * row_bytes) as u64,
+                    started.elapsed().as_nanos() as u64,
+                );
+            }
+            return;
+        }
+        let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
+        let chunk = if decode {
             mine.len().max(1)
         } else {
             PREFILL_ROWS_PER_CHUNK
