@@ -335,6 +335,9 @@ impl Executor {
         if can_share && (forced || contended || self.shared.load(Relaxed)) {
             self.shared.store(true, Relaxed);
             self.phases.reset(pg.graph.ops.len());
+            // Speeds measured while a thread was being descheduled say nothing of its core:
+            // barrier runs start again from equal shares.
+            self.balance.reset();
             let long_wait = AtomicBool::new(false);
             let ok = self.pool.run(&|tid| {
                 let base = OpCtx {
