@@ -61,13 +61,27 @@ fn shared_parts_forced() -> Option<bool> {
 /// threads; e.g. `0.25,1.75`), for tests that the cut never changes a result and for
 /// comparisons.
 fn share_balance(n_threads: usize) -> ShareBalance {
-    let pinned: Option<Vec<f32>> = std::env::var("EDGE_RUN_SHARE_WEIGHTS")
-        .ok()
-        .and_then(|v| v.split(',').map(|w| w.trim().parse().ok()).collect())
-        .filter(|w: &Vec<f32>| !w.is_empty() && w.iter().all(|x| x.is_finite() && *x > 0.0));
-    match pinned {
+    let Ok(given) = std::env::var("EDGE_RUN_SHARE_WEIGHTS") else {
+        return ShareBalance::new(n_threads);
+    };
+    let weights: Option<Vec<f32>> = given
+        .split(',')
+        .map(|w| {
+            w.trim()
+                .parse()
+                .ok()
+                .filter(|x: &f32| x.is_finite() && *x > 0.0)
+        })
+        .collect();
+    match weights {
         Some(w) => ShareBalance::pinned(n_threads, &w),
-        None => ShareBalance::new(n_threads),
+        None => {
+            log::warn!(
+                "EDGE_RUN_SHARE_WEIGHTS={given:?} is not a list of positive numbers (e.g. \
+                 0.25,1.75): adapting the shares to the threads' speeds instead"
+            );
+            ShareBalance::new(n_threads)
+        }
     }
 }
 
