@@ -123,23 +123,23 @@ impl ShareBalance {
     /// Moves the weights towards the speeds measured since the last update, and clears the
     /// measurements. Call from one thread while no run is in progress (see the module doc).
     pub fn update(&self) {
-        let speeds: Vec<(u64, u64)> = self
-            .measured
-            .iter()
-            .map(|m| (m.bytes.swap(0, Relaxed), m.nanos.swap(0, Relaxed)))
-            .collect();
-        if self.pinned
-            || speeds
-                .iter()
-                .any(|&(bytes, nanos)| bytes == 0 || nanos < MIN_TIMED_NS)
-        {
+        // Without allocating: a decode step runs this once per token.
+        let taken = |m: &Measured| (m.bytes.swap(0, Relaxed), m.nanos.swap(0, Relaxed));
+        let speed = |(bytes, nanos): (u64, u64)| bytes as f64 / nanos as f64;
+        let timed =
+            |m: &Measured| m.bytes.load(Relaxed) > 0 && m.nanos.load(Relaxed) >= MIN_TIMED_NS;
+        if self.pinned || !self.measured.iter().all(timed) {
+            for m in self.measured.iter() {
+                taken(m);
+            }
             return;
         }
-        // Each thread's speed relative to the average, in weight units.
-        let speed = |&(bytes, nanos): &(u64, u64)| bytes as f64 / nanos as f64;
-        let mean = speeds.iter().map(speed).sum::<f64>() / speeds.len() as f64;
-        for (w, s) in self.weights.iter().zip(&speeds) {
-            let target = (speed(s) / mean * f64::from(UNIT_WEIGHT)) as i64;
+        let load = |m: &Measured| (m.bytes.load(Relaxed), m.nanos.load(Relaxed));
+        let mean =
+            self.measured.iter().map(|m| speed(load(m))).sum::<f64>() / self.measured.len() as f64;
+        for (w, m) in self.weights.iter().zip(self.measured.iter()) {
+            // The thread's speed relative to the average, in weight units.
+            let target = (speed(taken(m)) / mean * f64::from(UNIT_WEIGHT)) as i64;
             let now = i64::from(w.load(Relaxed));
             let next = now + (target - now) / STEP as i64;
             w.store(
