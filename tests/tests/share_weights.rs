@@ -1,9 +1,9 @@
-//! Decode matmuls shared by the threads' measured speeds (`edge_kernels::balance`) give the
-//! same logits, bit for bit, however unequal the shares: this binary's only test pins skewed
+//! Matmuls shared by the threads' measured speeds (`edge_kernels::balance`) give the same
+//! logits, bit for bit, however unequal the shares: this binary's only test pins skewed
 //! weights with `EDGE_RUN_SHARE_WEIGHTS` before building each session (the executor reads it
-//! once), on 2 and 3 threads, and compares every step's logits with one thread's (which
-//! never shares) and the tokens with llama.cpp's reference. A share cut off a row, or two
-//! threads computing one, would change them.
+//! once), on 2 and 3 threads, and compares the logits of every prompt (5–16 tokens: a prefill
+//! run) and every decode step with one thread's (which never shares), and the tokens with
+//! llama.cpp's reference. A share cut off a row would change them.
 
 use std::sync::Arc;
 
@@ -35,8 +35,9 @@ fn skewed_decode_shares_keep_every_logit() {
             .map(|case| {
                 session.reset();
                 let n = ids(&case["ids"]).len();
-                let mut next = argmax(session.prefill(&ids(&case["prompt_ids"])).unwrap());
-                let (mut tokens, mut steps) = (Vec::new(), Vec::new());
+                let prompt = session.prefill(&ids(&case["prompt_ids"])).unwrap();
+                let mut next = argmax(prompt);
+                let (mut tokens, mut steps) = (Vec::new(), vec![prompt.to_vec()]);
                 while tokens.len() < n {
                     tokens.push(next);
                     if Some(next) == eos || tokens.len() == n {
@@ -58,8 +59,8 @@ fn skewed_decode_shares_keep_every_logit() {
             assert_eq!(got.0, one.0, "{threads} threads at {weights}: {prompt:?}");
             assert!(
                 got.1 == one.1,
-                "{threads} threads at {weights}: {prompt:?}: a step's logits differ from one \
-                 thread's"
+                "{threads} threads at {weights}: {prompt:?}: the prompt's or a step's logits \
+                 differ from one thread's"
             );
             if cfg!(target_arch = "x86_64") {
                 // llama.cpp's reference was made on x86-64 (see isa_paths.rs).

@@ -180,12 +180,21 @@ impl SpinBarrier {
     /// Blocks until all `n` threads have called `wait` for this round. Writes made before
     /// `wait` by any thread are visible to all threads after it.
     pub fn wait(&self) {
+        self.wait_then(|| {});
+    }
+
+    /// [`SpinBarrier::wait`], where the last thread to arrive runs `last` before it releases
+    /// the others: what `last` writes, every thread sees after the barrier, and no thread runs
+    /// while it does (e.g. adapting the next op's shares to the one just measured).
+    pub fn wait_then(&self, last: impl FnOnce()) {
         if self.n == 1 {
+            last();
             return;
         }
         // Read before arriving: the round cannot end (and the count move on) before we arrive.
         let round = self.released.current();
         if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+            last();
             self.count.store(0, Ordering::Relaxed);
             self.released.signal();
             return;

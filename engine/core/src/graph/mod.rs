@@ -415,31 +415,61 @@ impl Op {
 
     /// Short name for logs and profiles.
     pub fn kind(&self) -> &'static str {
+        OP_KINDS[self.kind_index()]
+    }
+
+    /// The index of [`Op::kind`] in [`OP_KINDS`] (for per-kind tallies without a lookup).
+    pub fn kind_index(&self) -> usize {
         match self {
-            Op::Embed { .. } => "embed",
-            Op::RmsNorm { .. } => "rms_norm",
-            Op::Quantize { .. } => "quantize",
-            Op::MatMul { .. } => "matmul",
-            Op::Rope { .. } => "rope",
-            Op::StoreKv { .. } => "store_kv",
-            Op::Attention(_) => "attention",
-            Op::Add { .. } => "add",
-            Op::SwiGlu { .. } => "swiglu",
-            Op::TakeLast { .. } => "take_last",
-            Op::AddBias { .. } => "add_bias",
-            Op::HeadRmsNorm { .. } => "head_rms_norm",
-            Op::Scale { .. } => "scale",
-            Op::SoftCap { .. } => "soft_cap",
-            Op::GeGlu { .. } => "geglu",
-            Op::Columns { .. } => "columns",
-            Op::AddTableRow { .. } => "add_table_row",
-            Op::LayerNorm { .. } => "layer_norm",
-            Op::Gelu { .. } => "gelu",
-            Op::EncoderAttention { .. } => "encoder_attention",
-            Op::Pool { .. } => "pool",
+            Op::Embed { .. } => 0,
+            Op::RmsNorm { .. } => 1,
+            Op::Quantize { .. } => 2,
+            Op::MatMul { .. } => 3,
+            Op::Rope { .. } => 4,
+            Op::StoreKv { .. } => 5,
+            Op::Attention(_) => 6,
+            Op::Add { .. } => 7,
+            Op::SwiGlu { .. } => 8,
+            Op::TakeLast { .. } => 9,
+            Op::AddBias { .. } => 10,
+            Op::HeadRmsNorm { .. } => 11,
+            Op::Scale { .. } => 12,
+            Op::SoftCap { .. } => 13,
+            Op::GeGlu { .. } => 14,
+            Op::Columns { .. } => 15,
+            Op::AddTableRow { .. } => 16,
+            Op::LayerNorm { .. } => 17,
+            Op::Gelu { .. } => 18,
+            Op::EncoderAttention { .. } => 19,
+            Op::Pool { .. } => 20,
         }
     }
 }
+
+/// The kinds of op, by [`Op::kind_index`].
+pub const OP_KINDS: [&str; 21] = [
+    "embed",
+    "rms_norm",
+    "quantize",
+    "matmul",
+    "rope",
+    "store_kv",
+    "attention",
+    "add",
+    "swiglu",
+    "take_last",
+    "add_bias",
+    "head_rms_norm",
+    "scale",
+    "soft_cap",
+    "geglu",
+    "columns",
+    "add_table_row",
+    "layer_norm",
+    "gelu",
+    "encoder_attention",
+    "pool",
+];
 
 /// A built graph: values, ops in execution order, and the value holding the logits.
 #[derive(Debug, Clone)]

@@ -33,12 +33,16 @@ use edge_kernels::threads::{split_range, SpinBarrier, ThreadPool};
 use edge_kernels::Kernels;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::time::Instant;
 
 use crate::graph::{Op, ValueId, ValueType};
 use crate::kv::KvCache;
 use crate::memory::SharedMem;
 use crate::model::Model;
 use crate::plan::PlannedGraph;
+
+use super::profile::OpProfile;
+use super::shares::{run_phase, share_balance};
 
 /// Whether `EDGE_RUN_DUMP` asks for a per-op trace of values (a debugging aid).
 fn dump_enabled() -> bool {
@@ -53,35 +57,6 @@ fn shared_parts_forced() -> Option<bool> {
         Ok("1") => Some(true),
         Ok("0") => Some(false),
         _ => None,
-    }
-}
-
-/// The decode matmuls' share weights: adapted to the threads' speeds, or fixed by
-/// `EDGE_RUN_SHARE_WEIGHTS` (comma-separated, relative to an equal share, repeated over the
-/// threads; e.g. `0.25,1.75`), for tests that the cut never changes a result and for
-/// comparisons.
-fn share_balance(n_threads: usize) -> ShareBalance {
-    let Ok(given) = std::env::var("EDGE_RUN_SHARE_WEIGHTS") else {
-        return ShareBalance::new(n_threads);
-    };
-    let weights: Option<Vec<f32>> = given
-        .split(',')
-        .map(|w| {
-            w.trim()
-                .parse()
-                .ok()
-                .filter(|x: &f32| x.is_finite() && *x > 0.0)
-        })
-        .collect();
-    match weights {
-        Some(w) => ShareBalance::pinned(n_threads, &w),
-        None => {
-            log::warn!(
-                "EDGE_RUN_SHARE_WEIGHTS={given:?} is not a list of positive numbers (e.g. \
-                 0.25,1.75): adapting the shares to the threads' speeds instead"
-            );
-            ShareBalance::new(n_threads)
-        }
     }
 }
 
@@ -189,9 +164,11 @@ pub struct Executor {
     dump: bool,
     /// Decode matmuls' row chunks, claimed by the threads (see [`edge_kernels::steal`]).
     pub(super) claims: steal::RowClaims,
-    /// The threads' measured speeds, by which the decode matmuls not claimed in chunks are
-    /// shared (see [`edge_kernels::balance`]).
-    pub(super) balance: ShareBalance,
+    /// The threads' measured speeds in decode and in prefill runs (`[decode, prefill]`, see
+    /// [`run_phase`]), by which the matmuls not claimed in chunks are shared (see
+    /// [`edge_kernels::balance`]). Two: a core's speed relative to the others' may differ
+    /// between streaming weights from memory and multiplying panels in cache.
+    balance: [ShareBalance; 2],
     /// The tag of the next run's first op: each op of each run tags its row claims with a
     /// larger number than any before it.
     next_tag: std::sync::atomic::AtomicUsize,
@@ -204,6 +181,8 @@ pub struct Executor {
     shared_forced: Option<bool>,
     /// Shared-part runs in a row without a long phase wait.
     quiet_runs: AtomicU32,
+    /// `EDGE_RUN_PROFILE=1`: each thread's time per kind of op (see `profile.rs`).
+    profile: Option<OpProfile>,
 }
 
 /// Inputs of one run.
@@ -274,7 +253,7 @@ impl Executor {
             scratch_per_thread,
             dump: dump_enabled(),
             claims: steal::RowClaims::new(n_threads),
-            balance: share_balance(n_threads),
+            balance: [share_balance(n_threads), share_balance(n_threads)],
             next_tag: std::sync::atomic::AtomicUsize::new(0),
             phases: PhaseCounters::new(),
             shared: AtomicBool::new(false),
@@ -287,6 +266,7 @@ impl Executor {
                 })
             }),
             quiet_runs: AtomicU32::new(0),
+            profile: OpProfile::from_env(n_threads),
         })
     }
 
@@ -351,7 +331,9 @@ impl Executor {
             self.phases.reset(pg.graph.ops.len());
             // Speeds measured while a thread was being descheduled say nothing of its core:
             // barrier runs start again from equal shares.
-            self.balance.reset();
+            for b in &self.balance {
+                b.reset();
+            }
             let long_wait = AtomicBool::new(false);
             let ok = self.pool.run(&|tid| {
                 let base = OpCtx {
@@ -369,6 +351,8 @@ impl Executor {
             }
             return ok;
         }
+        let balance = self.balance_for(args.tokens.len());
+        let prefill = run_phase(args.tokens.len()) == 1 && n > 1;
         let ok = self.pool.run(&|tid| {
             let base = OpCtx {
                 steal_all: contended,
@@ -376,26 +360,49 @@ impl Executor {
                 ..OpCtx::first_op(self, model, kv, pg, args, tid, tag0)
             };
             for (i, op) in pg.graph.ops.iter().enumerate() {
+                let started = self.profile.as_ref().map(|_| Instant::now());
                 base.at_op(i).run(op);
+                let ran = started.map(|s| s.elapsed());
                 if pg.barrier_after(i) || dump {
-                    self.barrier.wait();
+                    if prefill && matches!(op, Op::MatMul { .. }) {
+                        // A prompt chunk is one run: its shares adapt matmul by matmul, by the
+                        // last thread to arrive, while the others wait.
+                        self.barrier.wait_then(|| balance.update());
+                    } else {
+                        self.barrier.wait();
+                    }
+                }
+                if let (Some(p), Some(s), Some(ran)) = (&self.profile, started, ran) {
+                    let n_tok = args.tokens.len();
+                    p.add(tid, n_tok, op.kind_index(), ran, s.elapsed() - ran);
                 }
                 if dump && tid == 0 {
                     self.dump_value(pg, op, args.tokens.len());
                 }
             }
         });
+        if let Some(p) = &self.profile {
+            p.count_run(args.tokens.len());
+        }
         // Every thread has left the run, and the next one's job post publishes the new
         // weights (see `edge_kernels::balance`).
-        self.balance.update();
+        balance.update();
         ok
     }
 
-    /// The decode matmuls' share of each thread, relative to an equal one (see
-    /// [`edge_kernels::balance`]): where one core runs slower than the others (a busy host, cores
-    /// of two kinds), it gets fewer rows.
-    pub fn share_weights(&self) -> Vec<f32> {
-        self.balance.relative_weights()
+    /// The weights of the matmul shares of runs of `tokens` tokens.
+    pub(super) fn balance_for(&self, tokens: usize) -> &ShareBalance {
+        &self.balance[run_phase(tokens)]
+    }
+
+    /// Each thread's share of the matmuls of decode runs and of prefill runs, relative to an
+    /// equal one (see [`edge_kernels::balance`]): where one core runs slower than the others
+    /// (a busy host, cores of two kinds), it gets fewer rows.
+    pub fn share_weights(&self) -> [Vec<f32>; 2] {
+        [
+            self.balance[0].relative_weights(),
+            self.balance[1].relative_weights(),
+        ]
     }
 
     /// One thread's (`base.thread`) walk of a shared-part run: in each phase (the ops up to
@@ -472,15 +479,23 @@ impl Executor {
 }
 
 impl Drop for Executor {
-    /// Tells `-v` where the threads' speeds differed enough to share the rows unequally.
+    /// Tells `-v` the profile, if one was asked for, and where the threads' speeds differed
+    /// enough to share the rows unequally.
     fn drop(&mut self) {
-        let w = self.share_weights();
-        if w.iter().any(|&x| (x - 1.0).abs() >= 0.05) {
-            let shares: Vec<String> = w.iter().map(|x| format!("{x:.2}")).collect();
-            log::info!(
-                "threads: decode matmul shares at the end, by measured speed: {} of an equal share",
-                shares.join(" / ")
-            );
+        if let Some(p) = &self.profile {
+            for line in p.report() {
+                log::info!("{line}");
+            }
+        }
+        for (w, phase) in self.share_weights().iter().zip(["decode", "prefill"]) {
+            if w.iter().any(|&x| (x - 1.0).abs() >= 0.05) {
+                let shares: Vec<String> = w.iter().map(|x| format!("{x:.2}")).collect();
+                log::info!(
+                    "threads: {phase} matmul shares at the end, by measured speed: {} of an \
+                     equal share",
+                    shares.join(" / ")
+                );
+            }
         }
     }
 }
@@ -503,9 +518,9 @@ pub(super) struct OpCtx<'a> {
     /// Every decode matmul claims its rows in chunks, whatever its size (the machine is
     /// contended: see [`CONTENDED_SPIN_NS`]).
     pub(super) steal_all: bool,
-    /// The decode matmuls that each thread computes in one piece are shared by the threads'
-    /// measured speeds, and timed (runs that meet at barriers, each thread with its own
-    /// share; not shared-part runs, whose parts any thread may take).
+    /// The matmuls not claimed in chunks are shared by the threads' measured speeds, and
+    /// timed (runs that meet at barriers, each thread with its own share; not shared-part
+    /// runs, whose parts any thread may take).
     pub(super) balanced: bool,
 }
 

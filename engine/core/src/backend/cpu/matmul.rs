@@ -88,26 +88,22 @@ impl OpCtx<'_> {
         let decode = n_tok <= MATVEC_TOKENS;
         // A decode matmul (one session's, or a few decoding together) streams the weights
         // once: one call over the thread's whole share, so that the kernels' prefetching runs
-        // ahead across it without a break (and the tokens' scales are converted once). The
-        // shares follow the threads' measured speeds, so that they arrive at the barrier
-        // together.
-        if decode && self.balanced {
-            let mine = self.exec.balance.share(w.n_rows, self.tid, ROWS_PER_CHUNK);
-            if !mine.is_empty() {
-                let started = std::time::Instant::now();
-                self.matmul_rows(w.ty, w.row_len, bytes, xq, xrb, n_tok, mine.clone(), out);
-                let row_bytes = bytes.len() / w.n_rows.max(1);
-                self.exec.balance.record(
-                    self.thread,
-                    (mine.len() * row_bytes) as u64,
-                    started.elapsed().as_nanos() as u64,
-                );
-            }
+        // ahead across it without a break (and the tokens' scales are converted once).
+        // Prefill runs its share in chunks that stay in L2 while the tokens use them. Either
+        // way the shares follow the threads' measured speeds in that phase, so that they
+        // arrive at the barrier together.
+        let balance = self.exec.balance_for(n_tok);
+        let mine = if self.balanced {
+            balance.share(w.n_rows, self.tid, ROWS_PER_CHUNK)
+        } else {
+            self.share(w.n_rows, ROWS_PER_CHUNK)
+        };
+        if mine.is_empty() {
             return;
         }
-        let mine = self.share(w.n_rows, ROWS_PER_CHUNK);
+        let started = self.balanced.then(std::time::Instant::now);
         let chunk = if decode {
-            mine.len().max(1)
+            mine.len()
         } else {
             PREFILL_ROWS_PER_CHUNK
         };
@@ -116,6 +112,14 @@ impl OpCtx<'_> {
             let end = (start + chunk).min(mine.end);
             self.matmul_rows(w.ty, w.row_len, bytes, xq, xrb, n_tok, start..end, out);
             start = end;
+        }
+        if let Some(started) = started {
+            let row_bytes = bytes.len() / w.n_rows.max(1);
+            balance.record(
+                self.thread,
+                (mine.len() * row_bytes) as u64,
+                started.elapsed().as_nanos() as u64,
+            );
         }
     }
 

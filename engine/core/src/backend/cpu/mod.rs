@@ -7,6 +7,8 @@ pub mod exec;
 pub mod group;
 mod matmul;
 mod ops;
+mod profile;
+mod shares;
 pub mod tune;
 
 use edge_gguf::HugePages;
