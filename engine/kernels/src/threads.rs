@@ -299,6 +299,34 @@ mod tests {
         assert!(ok.load(Ordering::Relaxed));
     }
 
+    /// The last thread to arrive runs the closure once per round, after every thread's
+    /// writes of the round and before any thread goes on.
+    #[test]
+    fn wait_then_runs_once_between_the_rounds() {
+        let pool = ThreadPool::new(4).unwrap();
+        let barrier = SpinBarrier::new(4);
+        let arrived = AtomicUsize::new(0);
+        let rounds = AtomicUsize::new(0);
+        let ok = AtomicBool::new(true);
+        pool.run(&|_| {
+            for round in 1..50 {
+                arrived.fetch_add(1, Ordering::Relaxed);
+                barrier.wait_then(|| {
+                    if arrived.load(Ordering::Relaxed) != 4 * round {
+                        ok.store(false, Ordering::Relaxed);
+                    }
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                });
+                if rounds.load(Ordering::Relaxed) != round {
+                    ok.store(false, Ordering::Relaxed);
+                }
+                barrier.wait();
+            }
+        });
+        assert!(ok.load(Ordering::Relaxed));
+        assert_eq!(rounds.load(Ordering::Relaxed), 49);
+    }
+
     #[test]
     fn panics_are_reported() {
         let pool = ThreadPool::new(2).unwrap();
