@@ -1046,6 +1046,59 @@ fn plan_reports_consistent_memory() {
     );
 }
 
+/// `EDGE_RUN_PROFILE=1` with `-v` logs each thread's time per kind of op, decode and prefill
+/// apart; a malformed `EDGE_RUN_SHARE_WEIGHTS` is named in a warning and the run goes on.
+#[test]
+fn profile_and_share_weights_variables() {
+    let m = model();
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            s(&m),
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "-t",
+            "2",
+            "-v",
+        ])
+        .env("EDGE_RUN_PROFILE", "1")
+        .env("EDGE_RUN_SHARE_WEIGHTS", "fast")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("EDGE_RUN_SHARE_WEIGHTS=\"fast\" is not a list of positive numbers"),
+        "{err}"
+    );
+    for phase in ["decode", "prefill"] {
+        assert!(
+            err.contains(&format!("profile: {phase}, ")),
+            "{phase}: {err}"
+        );
+    }
+    // One matmul line per phase, a "running / waiting" pair of microseconds per thread.
+    let matmuls: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("profile:   matmul"))
+        .collect();
+    assert_eq!(matmuls.len(), 2, "{err}");
+    for line in matmuls {
+        let cells: Vec<&str> = line.rsplit(": ").next().unwrap().split(", ").collect();
+        assert_eq!(cells.len(), 2, "two threads: {line}");
+        for cell in cells {
+            let (run, wait) = cell.split_once(" / ").unwrap();
+            let (run, wait): (f64, f64) = (run.parse().unwrap(), wait.parse().unwrap());
+            assert!(run > 0.0 && wait >= 0.0, "{line}");
+        }
+    }
+}
+
 #[test]
 fn bench_measures_positive_speeds() {
     let m = model();
