@@ -92,18 +92,49 @@ pub fn mapped_rss(file: &str) -> u64 {
 
 /// Greedy decoding as the reference does it: argmax over raw logits, stop after EOS.
 pub fn greedy(session: &mut edge_engine::session::Session, prompt: &[u32], n: usize) -> Vec<u32> {
+    greedy_seeing(session, prompt, n, |_| {})
+}
+
+/// [`greedy`], handing `see` the logits of the prompt and of every decode step, in order.
+pub fn greedy_seeing(
+    session: &mut edge_engine::session::Session,
+    prompt: &[u32],
+    n: usize,
+    mut see: impl FnMut(&[f32]),
+) -> Vec<u32> {
     use edge_engine::sampling::argmax;
     let eos = session.model().tokenizer.eos_id();
     let mut out = Vec::new();
-    let mut next = argmax(session.prefill(prompt).expect("prefill"));
+    let logits = session.prefill(prompt).expect("prefill");
+    see(logits);
+    let mut next = argmax(logits);
     for _ in 0..n {
         out.push(next);
         if Some(next) == eos || out.len() == n {
             break;
         }
-        next = argmax(session.step(next).expect("step"));
+        let logits = session.step(next).expect("step");
+        see(logits);
+        next = argmax(logits);
     }
     out
+}
+
+/// A session of `model` with a 512-token context on `threads` threads with `kernels` (the
+/// reference tests' set-up: every greedy reference case fits).
+pub fn session_on(
+    model: &std::sync::Arc<edge_engine::model::Model>,
+    threads: usize,
+    kernels: edge_engine::kernels::Kernels,
+) -> edge_engine::session::Session {
+    use edge_engine::session::{Session, SessionConfig, SessionPlan};
+    let cfg = SessionConfig {
+        ctx: Some(512),
+        threads: Some(threads),
+        ..Default::default()
+    };
+    let plan = SessionPlan::new(model, &cfg).expect("planning a 512-token session");
+    Session::from_plan_with_kernels(model.clone(), plan, kernels).expect("opening the session")
 }
 
 /// A global allocator that forwards to the system's and, while [`COUNTING`] is set, counts

@@ -16,8 +16,7 @@ use std::sync::Arc;
 
 use edge_engine::kernels::cpu::{Kernels, Q8Rounding};
 use edge_engine::model::Model;
-use edge_engine::session::{Session, SessionConfig, SessionPlan};
-use edge_tests::{greedy, ids, read_jsonl, shared_dir, smollm2_path};
+use edge_tests::{greedy, ids, read_jsonl, session_on, shared_dir, smollm2_path};
 
 #[test]
 fn greedy_matches_reference_on_every_isa_path() {
@@ -31,13 +30,7 @@ fn greedy_matches_reference_on_every_isa_path() {
         let kernels = kernels.with_q8_rounding(Q8Rounding::host());
         let name = kernels.isa_name().to_string();
         // Two threads: the row split across threads must not matter either.
-        let cfg = SessionConfig {
-            ctx: Some(512),
-            threads: Some(2),
-            ..Default::default()
-        };
-        let plan = SessionPlan::new(&model, &cfg).unwrap();
-        let mut session = Session::from_plan_with_kernels(model.clone(), plan, kernels).unwrap();
+        let mut session = session_on(&model, 2, kernels);
         let mut got_all = Vec::new();
         for case in &cases {
             let prompt_ids = ids(&case["prompt_ids"]);

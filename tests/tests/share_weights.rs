@@ -9,45 +9,30 @@ use std::sync::Arc;
 
 use edge_engine::kernels::cpu::{Kernels, Q8Rounding};
 use edge_engine::model::Model;
-use edge_engine::sampling::argmax;
-use edge_engine::session::{Session, SessionConfig, SessionPlan};
-use edge_tests::{ids, read_jsonl, shared_dir, smollm2_path};
+use edge_tests::{greedy_seeing, ids, read_jsonl, session_on, shared_dir, smollm2_path};
 
 #[test]
-fn skewed_decode_shares_keep_every_logit() {
+fn skewed_matmul_shares_keep_every_logit() {
     let model = Arc::new(Model::load(smollm2_path()).expect("loading SmolLM2"));
     let cases = read_jsonl(&shared_dir().join("reference/smollm2/greedy.jsonl"));
     assert!(cases.len() >= 8);
     let kernels = Kernels::detect().with_q8_rounding(Q8Rounding::host());
-    // Each case's greedy tokens and the logits of every decode step.
+    // Each case's greedy tokens, and the logits of its prompt and of every decode step.
     let run = |threads: usize, weights: &str| -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
         std::env::set_var("EDGE_RUN_SHARE_WEIGHTS", weights);
-        let cfg = SessionConfig {
-            ctx: Some(512),
-            threads: Some(threads),
-            ..Default::default()
-        };
-        let plan = SessionPlan::new(&model, &cfg).unwrap();
-        let mut session = Session::from_plan_with_kernels(model.clone(), plan, kernels).unwrap();
-        let eos = model.tokenizer.eos_id();
+        let mut session = session_on(&model, threads, kernels);
         cases
             .iter()
             .map(|case| {
                 session.reset();
-                let n = ids(&case["ids"]).len();
-                let prompt = session.prefill(&ids(&case["prompt_ids"])).unwrap();
-                let mut next = argmax(prompt);
-                let (mut tokens, mut steps) = (Vec::new(), vec![prompt.to_vec()]);
-                while tokens.len() < n {
-                    tokens.push(next);
-                    if Some(next) == eos || tokens.len() == n {
-                        break;
-                    }
-                    let logits = session.step(next).unwrap();
-                    steps.push(logits.to_vec());
-                    next = argmax(logits);
-                }
-                (tokens, steps)
+                let mut seen = Vec::new();
+                let tokens = greedy_seeing(
+                    &mut session,
+                    &ids(&case["prompt_ids"]),
+                    ids(&case["ids"]).len(),
+                    |logits| seen.push(logits.to_vec()),
+                );
+                (tokens, seen)
             })
             .collect()
     };

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use edge_engine::kernels::cpu::{Kernels, Q8Rounding};
 use edge_engine::model::Model;
-use edge_engine::session::{Session, SessionConfig, SessionPlan};
-use edge_tests::{greedy, ids, read_jsonl, shared_dir, smollm2_path};
+use edge_tests::{greedy, ids, read_jsonl, session_on, shared_dir, smollm2_path};
 
 #[test]
 fn shared_parts_on_more_threads_than_cores_keep_the_reference_tokens() {
@@ -20,13 +19,7 @@ fn shared_parts_on_more_threads_than_cores_keep_the_reference_tokens() {
     let kernels = Kernels::detect().with_q8_rounding(Q8Rounding::host());
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let run = |threads: usize| -> Vec<Vec<u32>> {
-        let cfg = SessionConfig {
-            ctx: Some(512),
-            threads: Some(threads),
-            ..Default::default()
-        };
-        let plan = SessionPlan::new(&model, &cfg).unwrap();
-        let mut session = Session::from_plan_with_kernels(model.clone(), plan, kernels).unwrap();
+        let mut session = session_on(&model, threads, kernels);
         cases
             .iter()
             .map(|case| {

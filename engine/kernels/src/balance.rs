@@ -1,5 +1,5 @@
-//! Static shares weighted by each thread's measured speed, for the decode matmuls that every
-//! thread streams in one piece.
+//! Static shares weighted by each thread's measured speed, for the matmuls that every thread
+//! computes as one contiguous range of rows (a decode step's small matrices, and prefill's).
 //!
 //! A decode step's small matmuls (each thread's share under 1 MiB: a 135M model's every
 //! matrix but the output head) give each thread one contiguous range of rows, computed in one
@@ -10,15 +10,16 @@
 //! faster thread then waited at every matmul's barrier, 16% of its time.
 //!
 //! So each thread times its share of those matmuls and counts the weight bytes it streamed;
-//! between runs the shares are moved a quarter of the way towards each thread's measured
-//! speed (bytes per nanosecond), within [`MIN_WEIGHT`]..[`MAX_WEIGHT`] of the average. Results
-//! do not change: a row's dot product does not depend on which thread computes it, and the
-//! share boundaries stay whole granules.
+//! at each [`ShareBalance::update`] the shares are moved a quarter of the way towards each
+//! thread's measured speed (bytes per nanosecond), within [`MIN_WEIGHT`]..[`MAX_WEIGHT`] of the
+//! average. Results do not change: a row's dot product does not depend on which thread
+//! computes it, and the share boundaries stay whole granules.
 //!
-//! The weights change only between runs, by the one thread that started the run, after every
-//! thread has left it (the thread pool's job end) and before the next job is posted (which
-//! publishes them), so all threads of a run cut the rows at the same places: every row is
-//! computed exactly once.
+//! The weights change only while no thread computes a share: between runs, by the thread that
+//! started the run after every thread has left it (the thread pool's job end, and the next job
+//! post publishes them), or inside a run by the last thread to reach a barrier before it
+//! releases the others (`SpinBarrier::wait_then`). So all threads cut an op's rows at the same
+//! places: every row is computed exactly once.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -84,11 +85,6 @@ impl ShareBalance {
         b
     }
 
-    /// Threads the weights are for.
-    pub fn n_threads(&self) -> usize {
-        self.weights.len()
-    }
-
     /// Thread `i`'s share of `0..n`, cut in whole `granule`s in proportion to the weights.
     /// Consecutive threads' shares meet, and together they cover `0..n` once, whatever the
     /// weights (each boundary is one formula of the weights before it).
@@ -121,7 +117,8 @@ impl ShareBalance {
     }
 
     /// Moves the weights towards the speeds measured since the last update, and clears the
-    /// measurements. Call from one thread while no run is in progress (see the module doc).
+    /// measurements. Call from one thread while no other computes a share (see the module
+    /// doc).
     pub fn update(&self) {
         // Without allocating: a decode step runs this once per token.
         let taken = |m: &Measured| (m.bytes.swap(0, Relaxed), m.nanos.swap(0, Relaxed));
